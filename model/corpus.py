@@ -1,0 +1,576 @@
+"""Build the EN->ES parallel corpus from Debian packages.
+
+Two sources, both human-translated and reachable from any Debian 12 machine:
+  1. gettext catalogs (``*/es/LC_MESSAGES/*.mo``, ``es_ES`` too) inside the packages ranked in
+     ``shared/data/debian-l10n-packages.tsv``;
+  2. LibreOffice help (``libreoffice-help-es`` vs ``libreoffice-help-en-us``), paragraphs aligned by
+     their HTML ``id``.
+
+Packages are fetched with ``apt-get download`` (cached) and read with ``dpkg-deb --fsys-tarfile``
+without installing anything. Pairs are cleaned, deduplicated and split by package family into
+train/valid/test, with provenance and a manifest.
+
+    python -m model.corpus --out data/ [--top 150]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import html
+import json
+import re
+import struct
+import subprocess
+import sys
+import tarfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+
+from tqdm import tqdm
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_PACKAGE_LIST = REPO_ROOT.parent / "shared" / "data" / "debian-l10n-packages.tsv"
+LANG = "es"
+HELP_PACKAGES = ("libreoffice-help-es", "libreoffice-help-en-us")
+MAX_CHARS = 250
+SPLIT_SALT = "translator-split-v1"
+# Percent of package families per split (by hash of the family name).
+VALID_PERCENT = 5
+TEST_PERCENT = 5
+SPLITS = ("train", "valid", "test")
+# LibreOffice (UI catalogs + help) is a third of all pairs; were it held out, training would lose its
+# largest domain, so it is pinned to train and the hash decides every other family.
+PINNED_TRAIN_FAMILIES = frozenset({"libreoffice"})
+
+
+# --------------------------------------------------------------------------------------------
+# .mo parsing
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One gettext message: context, singular/plural source and the translations."""
+
+    msgid: str
+    msgstr: tuple[str, ...]
+    msgctxt: str | None = None
+    msgid_plural: str | None = None
+
+
+def _charset(header: str) -> str:
+    match = re.search(r"charset=([\w.-]+)", header)
+    charset = match.group(1) if match else "utf-8"
+    return "utf-8" if charset.upper() == "CHARSET" else charset
+
+
+def parse_mo(data: bytes) -> list[CatalogEntry]:
+    """Parse a compiled gettext catalog, keeping message contexts and plural forms.
+
+    The stdlib ``gettext`` module folds plurals into ``(msgid, n)`` keys and drops ``msgid_plural``,
+    so the binary layout is read directly: magic, N, and two tables of (length, offset).
+    """
+    if len(data) < 20:
+        raise ValueError("not a .mo file: too short")
+    magic = struct.unpack("<I", data[:4])[0]
+    if magic == 0x950412DE:
+        endian = "<"
+    elif magic == 0xDE120495:
+        endian = ">"
+    else:
+        raise ValueError(f"not a .mo file: bad magic {magic:#x}")
+    _revision, count, orig_offset, trans_offset = struct.unpack(endian + "4I", data[4:20])
+
+    def strings(table_offset: int) -> Iterator[bytes]:
+        for i in range(count):
+            length, offset = struct.unpack_from(endian + "2I", data, table_offset + 8 * i)
+            yield data[offset : offset + length]
+
+    raw = list(zip(strings(orig_offset), strings(trans_offset), strict=True))
+    charset = "utf-8"
+    for orig, trans in raw:
+        if orig == b"":
+            charset = _charset(trans.decode("ascii", "replace"))
+    entries = []
+    for orig, trans in raw:
+        if orig == b"":
+            continue  # the header
+        orig_text = orig.decode(charset, "replace")
+        context = None
+        if "\x04" in orig_text:
+            context, orig_text = orig_text.split("\x04", 1)
+        singular, _, plural = orig_text.partition("\x00")
+        entries.append(
+            CatalogEntry(
+                msgid=singular,
+                msgstr=tuple(trans.decode(charset, "replace").split("\x00")),
+                msgctxt=context,
+                msgid_plural=plural or None,
+            )
+        )
+    return entries
+
+
+def catalog_pairs(entries: Iterable[CatalogEntry]) -> Iterator[tuple[str, str]]:
+    """(English, Spanish) pairs of a catalog: singular -> msgstr[0], plural -> msgstr[1]."""
+    for entry in entries:
+        if entry.msgstr and entry.msgstr[0]:
+            yield entry.msgid, entry.msgstr[0]
+        if entry.msgid_plural and len(entry.msgstr) > 1 and entry.msgstr[1]:
+            yield entry.msgid_plural, entry.msgstr[1]
+
+
+# --------------------------------------------------------------------------------------------
+# LibreOffice help alignment
+
+
+class _ParagraphsById(HTMLParser):
+    """Collects the text of every element whose id looks like a help paragraph or heading."""
+
+    ID_PATTERN = re.compile(r"^(par|hd)_id")
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.paragraphs: dict[str, str] = {}
+        self._stack: list[tuple[str, str, list[str]]] = []  # (tag, id, text parts)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        element_id = dict(attrs).get("id") or ""
+        if self.ID_PATTERN.match(element_id) and tag in ("p", "h1", "h2", "h3", "h4", "h5", "h6", "td"):
+            self._stack.append((tag, element_id, []))
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._stack and self._stack[-1][0] == tag:
+            _, element_id, parts = self._stack.pop()
+            text = " ".join("".join(parts).split())
+            if text:
+                self.paragraphs.setdefault(element_id, text)
+
+    def handle_data(self, data: str) -> None:
+        if self._stack:
+            self._stack[-1][2].append(data)
+
+
+def help_paragraphs(page: str) -> dict[str, str]:
+    parser = _ParagraphsById()
+    parser.feed(page)
+    return parser.paragraphs
+
+
+def align_help_pages(english: dict[str, str], spanish: dict[str, str]) -> Iterator[tuple[str, str, str]]:
+    """Yield (page, en, es) for every paragraph id present on both sides of the same page."""
+    for page, en_page in english.items():
+        es_page = spanish.get(page)
+        if es_page is None:
+            continue
+        en_paragraphs, es_paragraphs = help_paragraphs(en_page), help_paragraphs(es_page)
+        for element_id, en_text in en_paragraphs.items():
+            es_text = es_paragraphs.get(element_id)
+            if es_text:
+                yield page, en_text, es_text
+
+
+# --------------------------------------------------------------------------------------------
+# Cleaning
+
+_ACCELERATOR_CHARS = "_&~"
+_PLACEHOLDER = re.compile(
+    r"%(?:\d+\$)?[-+ #0']*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|q|j|z|t|I64|I32)?[diouxXeEfFgGaAcspn%]"
+    r"|%\([A-Za-z_][A-Za-z0-9_]*\)[-+ #0]*\d*(?:\.\d+)?[diouxXeEfFgGcrs]"
+    r"|%\d+"
+    r"|\{[A-Za-z0-9_]*(?::[^{}]*)?\}"
+    r"|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?"
+    r"|<[^<>]{1,80}>"
+    r"|&[A-Za-z]+;"
+)
+_CREDIT_MSGIDS = {
+    "translator-credits",
+    "translator_credits",
+    "translator credits",
+    "translators",
+    "your names",
+    "your emails",
+    "name of translators",
+    "email of translators",
+    "roles_of_translators",
+    "credit_for_translators",
+    "translated by",
+}
+# Desktop-file keyword lists: "word;word;word;"
+_KEYWORD_LIST = re.compile(r"^[^;.!?]{1,40}(?:;[^;.!?]{0,40}){2,};?$")
+
+
+def strip_accelerators(source: str, target: str) -> tuple[str, str]:
+    """Remove menu accelerator markers (GTK ``_File``, Qt ``&File``, LibreOffice ``~File``).
+
+    A marker counts when it precedes a letter or digit. It is removed from a side only when the
+    source carries exactly one such marker, so identifiers like ``file_name`` or ``a_b_c`` survive.
+    The model is thus trained on accelerator-free text and never invents them.
+    """
+    for mark in _ACCELERATOR_CHARS:
+        pattern = re.compile(re.escape(mark) + r"(?=\w)")
+        source_hits = pattern.findall(source)
+        if len(source_hits) != 1:
+            continue
+        if mark == "&" and re.search(r"&\w+;", source):
+            continue  # an HTML entity, not an accelerator
+        if mark == "_" and re.search(r"\w_\w+_", source):
+            continue  # snake_case identifier
+        target_hits = pattern.findall(target)
+        if len(target_hits) > 1:
+            continue
+        source = pattern.sub("", source, count=1)
+        target = pattern.sub("", target, count=1)
+    # CJK-style "(_F)" suffixes do not occur in Spanish, but strip a doubled "&&" escape to "&".
+    return source.replace("&&", "&"), target.replace("&&", "&")
+
+
+def normalise_whitespace(text: str) -> str:
+    """Strip the ends and collapse runs of spaces/tabs; newlines inside a message are kept."""
+    lines = [" ".join(line.split()) for line in text.strip().split("\n")]
+    return "\n".join(lines)
+
+
+def is_pure_placeholder(text: str) -> bool:
+    return not re.search(r"[^\W\d_]", _PLACEHOLDER.sub("", text))
+
+
+def drop_reason(source: str, target: str) -> str | None:
+    """Why a pair is dropped, or None to keep it. Input is already whitespace-normalised."""
+    if not source or not target:
+        return "empty"
+    if len(source) > MAX_CHARS or len(target) > MAX_CHARS:
+        return "too long"
+    if source.lower().strip(" :") in _CREDIT_MSGIDS or "translator" in source.lower() and len(source) < 40:
+        return "translator credit"
+    if "@" in target and re.search(r"[\w.+-]+@[\w-]+\.[\w.]+", target) and "<" in target:
+        return "translator credit"  # "Name <email>" lists
+    if _KEYWORD_LIST.match(source) or _KEYWORD_LIST.match(target):
+        return "keyword list"
+    if source == target:
+        return "source == target"
+    shorter, longer = sorted((len(source), len(target)))
+    if longer > 30 and longer > 3 * shorter:
+        return "length ratio"  # misaligned or partial translation
+    if is_pure_placeholder(source):
+        return "pure placeholder"
+    if not re.search(r"[^\W\d_]", target):
+        return "no letters in target"
+    if "\ufffd" in source or "\ufffd" in target:
+        return "bad encoding"
+    return None
+
+
+def clean_pair(source: str, target: str) -> tuple[str, str] | str:
+    """Return the cleaned pair, or the reason it was dropped."""
+    source, target = strip_accelerators(source, target)
+    source, target = normalise_whitespace(source), normalise_whitespace(target)
+    reason = drop_reason(source, target)
+    return reason if reason else (source, target)
+
+
+def normalised_source(text: str) -> str:
+    """Key for leakage checks: case-folded, letters and digits only."""
+    return " ".join(re.findall(r"\w+", text.casefold()))
+
+
+# --------------------------------------------------------------------------------------------
+# Splitting by package family
+
+
+def package_family(package: str) -> str:
+    """Related packages share vocabulary and must land in one split.
+
+    The family is the first dash-separated word with trailing version digits removed:
+    ``libgtk-3-common``/``libgtk2.0-common``/``libgtk-4-common`` -> ``libgtk``, ``postgresql-15`` and
+    ``postgresql-client-15`` -> ``postgresql``, ``wesnoth-1.16-*`` -> ``wesnoth``, ``libreoffice-l10n-es``
+    and ``libreoffice-help-es`` -> ``libreoffice``; ``cpp`` joins ``gcc``.
+    """
+    head = package.split("-", 1)[0]
+    head = re.sub(r"[\d.]+$", "", head) or head
+    return {"cpp": "gcc", "gtk": "libgtk"}.get(head, head)
+
+
+def split_of(family: str) -> str:
+    if family in PINNED_TRAIN_FAMILIES:
+        return "train"
+    bucket = int(hashlib.sha256(f"{SPLIT_SALT}:{family}".encode()).hexdigest(), 16) % 100
+    if bucket < TEST_PERCENT:
+        return "test"
+    if bucket < TEST_PERCENT + VALID_PERCENT:
+        return "valid"
+    return "train"
+
+
+# --------------------------------------------------------------------------------------------
+# Fetching and reading packages
+
+
+def read_package_list(path: Path, top: int) -> list[str]:
+    names = []
+    for line in path.read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        names.append(line.split("\t")[0].replace("-LANG", f"-{LANG}"))
+    return names[:top]
+
+
+def cached_deb(cache_dir: Path, package: str) -> Path | None:
+    hits = sorted(cache_dir.glob(f"{package}_*.deb"))
+    return hits[-1] if hits else None
+
+
+def download_packages(packages: list[str], cache_dir: Path) -> dict[str, Path]:
+    """apt-get download what is not cached yet; runs `apt-get update` once if lists are missing."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    missing = [p for p in packages if cached_deb(cache_dir, p) is None]
+    if missing:
+        print(f"downloading {len(missing)} packages into {cache_dir}", file=sys.stderr)
+        updated = False
+        for package in tqdm(missing, desc="apt-get download", unit="pkg"):
+            for _attempt in range(2):
+                result = subprocess.run(
+                    ["apt-get", "download", "-q", package], cwd=cache_dir, capture_output=True, text=True
+                )
+                if result.returncode == 0 or updated:
+                    break
+                subprocess.run(["apt-get", "update", "-qq"], check=False, capture_output=True)
+                updated = True
+            if result.returncode != 0:
+                print(f"  skipped {package}: {result.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+    return {p: deb for p in packages if (deb := cached_deb(cache_dir, p)) is not None}
+
+
+def deb_version(deb: Path) -> str:
+    return subprocess.run(
+        ["dpkg-deb", "-f", str(deb), "Version"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def iter_deb_members(deb: Path, wanted: re.Pattern[str]) -> Iterator[tuple[str, bytes]]:
+    """Stream a package's file tree and yield (path, content) for members matching `wanted`."""
+    proc = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    try:
+        with tarfile.open(fileobj=proc.stdout, mode="r|") as archive:
+            for member in archive:
+                if member.isfile() and wanted.search(member.name):
+                    handle = archive.extractfile(member)
+                    if handle is not None:
+                        yield member.name, handle.read()
+    finally:
+        proc.stdout.close()
+        proc.wait()
+
+
+_MO_PATH = re.compile(rf"/{LANG}(?:_ES)?/LC_MESSAGES/[^/]+\.mo$")
+
+
+@dataclass
+class Pair:
+    source: str
+    target: str
+    package: str
+    version: str
+    origin: str  # catalog file or help page
+
+
+def read_catalog_package(package: str, deb: Path) -> tuple[list[Pair], Counter]:
+    version = deb_version(deb)
+    pairs, dropped = [], Counter()
+    for path, data in iter_deb_members(deb, _MO_PATH):
+        try:
+            entries = parse_mo(data)
+        except (ValueError, struct.error):
+            dropped["unreadable catalog"] += 1
+            continue
+        origin = Path(path).name
+        for source, target in catalog_pairs(entries):
+            cleaned = clean_pair(source, target)
+            if isinstance(cleaned, str):
+                dropped[cleaned] += 1
+            else:
+                pairs.append(Pair(cleaned[0], cleaned[1], package, version, origin))
+    return pairs, dropped
+
+
+def read_help_packages(es_deb: Path, en_deb: Path) -> tuple[list[Pair], Counter]:
+    pages_pattern = re.compile(r"/help/(?:es|en-US)/text/.+\.html$")
+
+    def pages(deb: Path, lang: str) -> dict[str, str]:
+        prefix = f"/help/{lang}/"
+        return {
+            path.split(prefix, 1)[1]: data.decode("utf-8", "replace")
+            for path, data in iter_deb_members(deb, pages_pattern)
+            if prefix in path
+        }
+
+    version = deb_version(es_deb)
+    pairs, dropped = [], Counter()
+    for page, en_text, es_text in align_help_pages(pages(en_deb, "en-US"), pages(es_deb, "es")):
+        cleaned = clean_pair(html.unescape(en_text), html.unescape(es_text))
+        if isinstance(cleaned, str):
+            dropped[cleaned] += 1
+        else:
+            pairs.append(Pair(cleaned[0], cleaned[1], HELP_PACKAGES[0], version, page))
+    return pairs, dropped
+
+
+def _read_job(job: tuple[str, ...]) -> tuple[list[Pair], Counter]:
+    if job[0] == "help":
+        return read_help_packages(Path(job[1]), Path(job[2]))
+    return read_catalog_package(job[1], Path(job[2]))
+
+
+# --------------------------------------------------------------------------------------------
+# Assembly
+
+
+def dedupe(pairs: Iterable[Pair]) -> list[Pair]:
+    seen: set[tuple[str, str]] = set()
+    unique = []
+    for pair in pairs:
+        key = (pair.source, pair.target)
+        if key not in seen:
+            seen.add(key)
+            unique.append(pair)
+    return unique
+
+
+def split_pairs(pairs: list[Pair]) -> tuple[dict[str, list[Pair]], int]:
+    """Split by package family, then drop train pairs whose normalised source is held out."""
+    splits: dict[str, list[Pair]] = {name: [] for name in SPLITS}
+    for pair in pairs:
+        splits[split_of(package_family(pair.package))].append(pair)
+    held_out = {normalised_source(p.source) for name in ("valid", "test") for p in splits[name]}
+    before = len(splits["train"])
+    splits["train"] = [p for p in splits["train"] if normalised_source(p.source) not in held_out]
+    # valid and test must not share sources either; keep test intact
+    test_sources = {normalised_source(p.source) for p in splits["test"]}
+    splits["valid"] = [p for p in splits["valid"] if normalised_source(p.source) not in test_sources]
+    return splits, before - len(splits["train"])
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_splits(out: Path, splits: dict[str, list[Pair]]) -> dict[str, dict[str, str]]:
+    """Write ``{split}.en``/``{split}.es`` (one segment a line, newlines escaped as the two characters
+    backslash-n) and ``{split}.jsonl`` with provenance. Returns sha256 per file."""
+    out.mkdir(parents=True, exist_ok=True)
+    checksums: dict[str, dict[str, str]] = {}
+    for name, pairs in splits.items():
+        files = {"en": out / f"{name}.en", "es": out / f"{name}.es", "jsonl": out / f"{name}.jsonl"}
+        with (
+            files["en"].open("w", encoding="utf-8") as en,
+            files["es"].open("w", encoding="utf-8") as es,
+            files["jsonl"].open("w", encoding="utf-8") as meta,
+        ):
+            for pair in pairs:
+                en.write(escape_line(pair.source) + "\n")
+                es.write(escape_line(pair.target) + "\n")
+                meta.write(json.dumps(asdict(pair), ensure_ascii=False) + "\n")
+        checksums[name] = {key: sha256_file(path) for key, path in files.items()}
+    return checksums
+
+
+def escape_line(text: str) -> str:
+    """One segment per line: a real newline inside a message is stored as backslash + n."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def unescape_line(line: str) -> str:
+    return re.sub(r"\\(\\|n)", lambda m: "\n" if m.group(1) == "n" else "\\", line)
+
+
+def read_split(data_dir: Path, split: str) -> list[tuple[str, str]]:
+    """Read back (English, Spanish) pairs of one split."""
+    en = (data_dir / f"{split}.en").read_text(encoding="utf-8").split("\n")[:-1]
+    es = (data_dir / f"{split}.es").read_text(encoding="utf-8").split("\n")[:-1]
+    if len(en) != len(es):
+        raise ValueError(f"{split}: {len(en)} English lines but {len(es)} Spanish lines")
+    return [(unescape_line(a), unescape_line(b)) for a, b in zip(en, es, strict=True)]
+
+
+def build(out: Path, package_list: Path, top: int, cache_dir: Path, workers: int = 2) -> dict:
+    started = time.time()
+    packages = read_package_list(package_list, top)
+    debs = download_packages(packages + list(HELP_PACKAGES), cache_dir)
+    jobs: list[tuple[str, ...]] = [("mo", p, str(debs[p])) for p in packages if p in debs]
+    if all(p in debs for p in HELP_PACKAGES):
+        jobs.insert(0, ("help", str(debs[HELP_PACKAGES[0]]), str(debs[HELP_PACKAGES[1]])))
+    all_pairs: list[Pair] = []
+    dropped: Counter = Counter()
+    versions = {p: debs[p].name.split("_")[1].replace("%3a", ":") for p in debs}
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        progress = tqdm(pool.map(_read_job, jobs), total=len(jobs), desc="reading packages", unit="pkg")
+        for pairs, reasons in progress:
+            all_pairs.extend(pairs)
+            dropped.update(reasons)
+            progress.set_postfix(pairs=len(all_pairs))
+    raw = len(all_pairs)
+    unique = dedupe(all_pairs)
+    splits, leaked = split_pairs(unique)
+    checksums = write_splits(out, splits)
+    per_package: dict[str, Counter] = defaultdict(Counter)
+    for name, pairs in splits.items():
+        for pair in pairs:
+            per_package[pair.package][name] += 1
+    manifest = {
+        "sources": "Debian 12 gettext catalogs (es, es_ES) and LibreOffice help (es vs en-US)",
+        "top_packages": top,
+        "split_rule": f"sha256('{SPLIT_SALT}:' + family) % 100: <{TEST_PERCENT} test, "
+        f"<{TEST_PERCENT + VALID_PERCENT} valid, else train; "
+        f"pinned to train: {sorted(PINNED_TRAIN_FAMILIES)}",
+        "pairs_after_cleaning": raw,
+        "pairs_after_dedupe": len(unique),
+        "train_pairs_removed_as_held_out_sources": leaked,
+        "dropped": dict(dropped.most_common()),
+        "counts": {name: len(pairs) for name, pairs in splits.items()},
+        "families": {
+            name: sorted({package_family(p.package) for p in pairs}) for name, pairs in splits.items()
+        },
+        "packages": {p: {"version": versions.get(p, ""), **per_package[p]} for p in sorted(per_package)},
+        "sha256": checksums,
+        "seconds": round(time.time() - started, 1),
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=Path("data"))
+    parser.add_argument(
+        "--packages", type=Path, default=DEFAULT_PACKAGE_LIST, help="ranked package list (TSV)"
+    )
+    parser.add_argument("--top", type=int, default=150, help="how many of the ranked packages to use")
+    parser.add_argument("--cache", type=Path, default=None, help="where .deb downloads are kept")
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args(argv)
+    cache = args.cache or args.out / "cache" / "debs"
+    manifest = build(args.out, args.packages, args.top, cache.resolve(), args.workers)
+    counts = manifest["counts"]
+    print(
+        f"corpus: {manifest['pairs_after_dedupe']} unique pairs -> train {counts['train']}, "
+        f"valid {counts['valid']}, test {counts['test']} "
+        f"({manifest['train_pairs_removed_as_held_out_sources']} train pairs removed as held-out sources) "
+        f"in {manifest['seconds']} s; manifest: {args.out / 'manifest.json'}"
+    )
+    print(f"families: valid {manifest['families']['valid']}\n          test {manifest['families']['test']}")
+
+
+if __name__ == "__main__":
+    main()

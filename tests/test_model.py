@@ -1,0 +1,230 @@
+import itertools
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model.decode import beam_search, gnmt_length_penalty, greedy_decode, max_output_length
+from model.model import Transformer, TransformerConfig, label_smoothed_loss, sinusoidal_positions
+
+PAD, BOS, EOS = 0, 1, 2
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    # Tiny tensors gain nothing from intra-op threads, and thread spinning is very slow on a shared CPU.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny_model(seed: int = 0, vocab_size: int = 30, d_model: int = 32, layers: int = 2) -> Transformer:
+    torch.manual_seed(seed)
+    cfg = TransformerConfig(
+        vocab_size=vocab_size,
+        d_model=d_model,
+        n_heads=2,
+        d_ff=2 * d_model,
+        n_encoder_layers=layers,
+        n_decoder_layers=layers,
+        dropout=0.0,
+        max_positions=64,
+    )
+    return Transformer(cfg).eval()
+
+
+def random_src(seed: int, vocab_size: int = 30) -> torch.Tensor:
+    """Batch of 3 right-padded sources (lengths 7, 4, 1), ending in EOS."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(3, vocab_size, (3, 7), generator=g)
+    for b, n in enumerate([7, 4, 1]):
+        src[b, n - 1] = EOS
+        src[b, n:] = PAD
+    return src
+
+
+def test_sinusoidal_positions_formula():
+    d = 16
+    pe = sinusoidal_positions(50, d)
+    assert pe.shape == (50, d)
+    for pos in (0, 1, 7, 49):
+        for i in (0, 1, 5, 7):
+            angle = pos / 10000 ** (2 * i / d)
+            assert pe[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert pe[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+    model = tiny_model()
+    assert torch.equal(model.pe, sinusoidal_positions(64, 32))
+    assert "pe" not in model.state_dict()
+
+
+def test_config_roundtrip():
+    cfg = TransformerConfig.base(1000)
+    assert (cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.n_encoder_layers, cfg.n_decoder_layers) == (
+        512,
+        8,
+        2048,
+        6,
+        6,
+    )
+    assert TransformerConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    with pytest.raises(ValueError):
+        TransformerConfig.from_dict({**cfg.to_dict(), "bogus": 1})
+
+
+def test_small_parameter_count():
+    n = Transformer(TransformerConfig.small(8000)).num_parameters()
+    assert 7.0e6 < n < 8.2e6
+
+
+def test_causal_mask_blocks_future():
+    model = tiny_model()
+    src = random_src(1)
+    g = torch.Generator().manual_seed(2)
+    tgt = torch.randint(3, 30, (3, 6), generator=g)
+    tgt[:, 0] = BOS
+    ref = model(src, tgt)
+    for t in range(5):
+        changed = tgt.clone()
+        changed[:, t + 1 :] = torch.randint(3, 30, (3, 5 - t), generator=g)
+        out = model(src, changed)
+        torch.testing.assert_close(out[:, : t + 1], ref[:, : t + 1], atol=1e-5, rtol=0)
+        assert not torch.allclose(out[:, t + 1 :], ref[:, t + 1 :])
+
+
+def test_source_padding_is_ignored():
+    model = tiny_model()
+    src = random_src(3)
+    tgt = torch.randint(3, 30, (3, 5), generator=torch.Generator().manual_seed(4))
+    ref = model(src, tgt)
+    # Extra pad columns.
+    padded = torch.cat([src, torch.full((3, 5), PAD)], dim=1)
+    torch.testing.assert_close(model(padded, tgt), ref, atol=1e-5, rtol=0)
+    # Each sentence alone, without the batch's padding.
+    for b, n in enumerate([7, 4, 1]):
+        alone = model(src[b : b + 1, :n], tgt[b : b + 1])
+        torch.testing.assert_close(alone, ref[b : b + 1], atol=1e-5, rtol=0)
+
+
+def test_all_pad_source_and_pad_queries_are_finite():
+    model = tiny_model()
+    src = random_src(5)
+    src[2] = PAD  # a source made only of padding
+    tgt = torch.full((3, 6), PAD)
+    tgt[:, 0] = BOS
+    assert torch.isfinite(model(src, tgt)).all()
+
+
+def test_decode_step_matches_full_decode():
+    model = tiny_model()
+    src = random_src(6)
+    tgt = torch.randint(3, 30, (3, 6), generator=torch.Generator().manual_seed(7))
+    tgt[:, 0] = BOS
+    memory, pad_mask = model.encode(src)
+    full = F.log_softmax(model.decode(tgt, memory, pad_mask), dim=-1)  # (B, T, V)
+    cfg = model.config
+    empty = torch.zeros(3, cfg.n_heads, 0, cfg.d_model // cfg.n_heads)
+    self_kv = [(empty, empty) for _ in range(cfg.n_decoder_layers)]
+    cross_kv = model.cross_kv(memory)
+    for t in range(tgt.size(1)):
+        position = torch.tensor([t]) if t % 2 else torch.full((3,), t)  # both (1,) and (B,) forms
+        log_probs, self_kv = model.decode_step(tgt[:, t : t + 1], position, self_kv, cross_kv, pad_mask)
+        assert log_probs.dtype == torch.float32
+        assert all(k.shape == (3, cfg.n_heads, t + 1, cfg.d_model // cfg.n_heads) for k, _ in self_kv)
+        torch.testing.assert_close(log_probs, full[:, t], atol=1e-5, rtol=0)
+
+
+def test_label_smoothed_loss_ignores_pad():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 4, 10)
+    target = torch.tensor([[5, 6, 2, 0], [7, 2, 0, 0]])
+    loss, n = label_smoothed_loss(logits, target, pad_id=0, smoothing=0.0)
+    assert n.item() == 5
+    keep = target != 0
+    expected = -F.log_softmax(logits, -1)[keep].gather(1, target[keep].unsqueeze(1)).sum()
+    torch.testing.assert_close(loss, expected)
+    smoothed, _ = label_smoothed_loss(logits, target, pad_id=0, smoothing=0.1)
+    assert smoothed.item() > 0 and smoothed.item() != pytest.approx(loss.item())
+
+
+def test_overfit_then_greedy_and_beam_reproduce_targets():
+    torch.manual_seed(0)
+    model = tiny_model(seed=0, vocab_size=20, d_model=64, layers=1)
+    g = torch.Generator().manual_seed(1)
+    pairs = []
+    for i in range(6):
+        seq = torch.randint(3, 20, (3 + i % 3,), generator=g).tolist()
+        pairs.append((seq, seq[::-1]))  # reversal task
+    S = max(len(s) for s, _ in pairs) + 1
+    src = torch.tensor([s + [EOS] + [PAD] * (S - len(s) - 1) for s, _ in pairs])
+    tgt = torch.tensor([[BOS] + t + [EOS] + [PAD] * (S - len(t) - 1) for _, t in pairs])
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(150):
+        loss, n = label_smoothed_loss(model(src, tgt_in), tgt_out, PAD, 0.0)
+        opt.zero_grad()
+        (loss / n).backward()
+        opt.step()
+    model.eval()
+    targets = [t for _, t in pairs]
+    assert greedy_decode(model, src, max_len=10) == targets
+    beams = beam_search(model, src, beam_size=3, max_len=10, n_best=3)
+    assert [hyps[0][0] for hyps in beams] == targets
+
+
+def test_beam_one_equals_greedy():
+    model = tiny_model(seed=3)
+    src = random_src(8)
+    limits = torch.tensor([5, 3, 8])
+    greedy = greedy_decode(model, src, limits)
+    beams = beam_search(model, src, beam_size=1, max_len=limits)
+    assert [hyps[0][0] for hyps in beams] == greedy
+    assert [len(g) for g in greedy] == [5, 3, 8]  # an untrained model rarely emits EOS: limits apply
+    assert greedy_decode(model, src, 0) == [[], [], []]
+
+
+def test_beam_nbest_sorted_and_limits():
+    model = tiny_model(seed=4)
+    src = random_src(9)
+    beams = beam_search(model, src, beam_size=4, max_len=6, n_best=4)
+    for hyps in beams:
+        assert 1 <= len(hyps) <= 4
+        scores = [s for _, s in hyps]
+        assert scores == sorted(scores, reverse=True)
+        assert all(len(toks) <= 6 and EOS not in toks for toks, _ in hyps)
+
+
+def test_beam_exhaustive_equals_brute_force():
+    """Vocab of 5 (pad, bos, eos, 3, 4), max_len 3: 1 + 4 + 16 EOS-ended + 64 truncated = 85 sequences.
+    With beam_size >= 85 the classic rule keeps every candidate, so the n-best list is the full ranking."""
+    model = tiny_model(seed=5, vocab_size=5, d_model=16, layers=1)
+    src = torch.tensor([[3, 4, 4, EOS]])
+    max_len, alpha = 3, 0.6
+    non_eos = [PAD, BOS, 3, 4]
+    seqs = [list(p) + [EOS] for n in range(max_len) for p in itertools.product(non_eos, repeat=n)]
+    seqs += [list(p) for p in itertools.product(non_eos, repeat=max_len)]
+    assert len(seqs) == 85
+
+    memory, pad_mask = model.encode(src)
+    brute = []
+    for seq in seqs:
+        tgt_in = torch.tensor([[BOS] + seq[:-1]])
+        lp = F.log_softmax(model.decode(tgt_in, memory, pad_mask), dim=-1)[0]  # (T, V)
+        total = lp.gather(1, torch.tensor(seq).unsqueeze(1)).sum().item()
+        tokens = seq[:-1] if seq[-1] == EOS else seq
+        brute.append((tokens, total / gnmt_length_penalty(len(seq), alpha)))
+    brute.sort(key=lambda h: -h[1])
+
+    hyps = beam_search(model, src, beam_size=90, max_len=max_len, length_penalty=alpha, n_best=85)[0]
+    assert [t for t, _ in hyps] == [t for t, _ in brute]
+    for (_, s), (_, ref) in zip(hyps, brute, strict=True):
+        assert s == pytest.approx(ref, abs=1e-5)
+
+
+def test_max_output_length():
+    assert max_output_length(10) == 25
+    assert max_output_length(1000) == 256
+    assert max_output_length(4, ratio=2.0, extra=1, cap=100) == 9
