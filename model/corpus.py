@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import html
 import json
 import re
 import struct
@@ -33,6 +32,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from tqdm import tqdm
+
+from model.tokenizer import PLACEHOLDER_PATTERN
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PACKAGE_LIST = REPO_ROOT.parent / "shared" / "data" / "debian-l10n-packages.tsv"
@@ -179,15 +180,6 @@ def align_help_pages(english: dict[str, str], spanish: dict[str, str]) -> Iterat
 # Cleaning
 
 _ACCELERATOR_CHARS = "_&~"
-_PLACEHOLDER = re.compile(
-    r"%(?:\d+\$)?[-+ #0']*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|q|j|z|t|I64|I32)?[diouxXeEfFgGaAcspn%]"
-    r"|%\([A-Za-z_][A-Za-z0-9_]*\)[-+ #0]*\d*(?:\.\d+)?[diouxXeEfFgGcrs]"
-    r"|%\d+"
-    r"|\{[A-Za-z0-9_]*(?::[^{}]*)?\}"
-    r"|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?"
-    r"|<[^<>]{1,80}>"
-    r"|&[A-Za-z]+;"
-)
 _CREDIT_MSGIDS = {
     "translator-credits",
     "translator_credits",
@@ -219,15 +211,25 @@ def strip_accelerators(source: str, target: str) -> tuple[str, str]:
             continue
         if mark == "&" and re.search(r"&\w+;", source):
             continue  # an HTML entity, not an accelerator
-        if mark == "_" and re.search(r"\w_\w+_", source):
-            continue  # snake_case identifier
+        if mark == "_" and _is_identifier_underscore(source, target):
+            continue
         target_hits = pattern.findall(target)
         if len(target_hits) > 1:
             continue
         source = pattern.sub("", source, count=1)
         target = pattern.sub("", target, count=1)
-    # CJK-style "(_F)" suffixes do not occur in Spanish, but strip a doubled "&&" escape to "&".
-    return source.replace("&&", "&"), target.replace("&&", "&")
+    return source, target
+
+
+def _is_identifier_underscore(source: str, target: str) -> bool:
+    """True when the ``_`` belongs to an identifier (``NO_PROXY``, ``file_name``, ``a_b_c``): the word
+    is upper-case, has several underscores, or is copied verbatim into the translation."""
+    word = re.search(r"\w*_\w+", source)
+    if word is None:
+        return False
+    text = word.group(0)
+    copied = re.search(rf"(?<!\w){re.escape(text)}(?!\w)", target) is not None
+    return text.count("_") > 1 or text.upper() == text or copied
 
 
 def normalise_whitespace(text: str) -> str:
@@ -237,7 +239,7 @@ def normalise_whitespace(text: str) -> str:
 
 
 def is_pure_placeholder(text: str) -> bool:
-    return not re.search(r"[^\W\d_]", _PLACEHOLDER.sub("", text))
+    return not re.search(r"[^\W\d_]", PLACEHOLDER_PATTERN.sub("", text))
 
 
 def drop_reason(source: str, target: str) -> str | None:
@@ -289,10 +291,12 @@ def package_family(package: str) -> str:
     The family is the first dash-separated word with trailing version digits removed:
     ``libgtk-3-common``/``libgtk2.0-common``/``libgtk-4-common`` -> ``libgtk``, ``postgresql-15`` and
     ``postgresql-client-15`` -> ``postgresql``, ``wesnoth-1.16-*`` -> ``wesnoth``, ``libreoffice-l10n-es``
-    and ``libreoffice-help-es`` -> ``libreoffice``; ``cpp`` joins ``gcc``.
+    and ``libreoffice-help-es`` -> ``libreoffice``; ``cpp`` joins ``gcc``; ``calligra*`` is one family.
     """
     head = package.split("-", 1)[0]
     head = re.sub(r"[\d.]+$", "", head) or head
+    if head.startswith("calligra"):
+        return "calligra"  # one office suite: calligra, calligrasheets, calligraplan
     return {"cpp": "gcc", "gtk": "libgtk"}.get(head, head)
 
 
@@ -413,7 +417,7 @@ def read_help_packages(es_deb: Path, en_deb: Path) -> tuple[list[Pair], Counter]
     version = deb_version(es_deb)
     pairs, dropped = [], Counter()
     for page, en_text, es_text in align_help_pages(pages(en_deb, "en-US"), pages(es_deb, "es")):
-        cleaned = clean_pair(html.unescape(en_text), html.unescape(es_text))
+        cleaned = clean_pair(en_text, es_text)
         if isinstance(cleaned, str):
             dropped[cleaned] += 1
         else:
@@ -486,11 +490,11 @@ def write_splits(out: Path, splits: dict[str, list[Pair]]) -> dict[str, dict[str
 
 def escape_line(text: str) -> str:
     """One segment per line: a real newline inside a message is stored as backslash + n."""
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
 
 
 def unescape_line(line: str) -> str:
-    return re.sub(r"\\(\\|n)", lambda m: "\n" if m.group(1) == "n" else "\\", line)
+    return re.sub(r"\\([\\nr])", lambda m: {"n": "\n", "r": "\r", "\\": "\\"}[m.group(1)], line)
 
 
 def read_split(data_dir: Path, split: str) -> list[tuple[str, str]]:

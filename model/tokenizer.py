@@ -31,8 +31,8 @@ MODEL_FILE = "tokenizer.model"
 # printf (%s, %1$s, %.2f, %lu), Qt (%1), brace ({0}, {name}), Python (%(name)s), shell ($name)
 # placeholders, markup tags and entities.
 PLACEHOLDER_PATTERN = re.compile(
-    r"%(?:\d+\$)?[-+ #0']*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|q|j|z|t|I64|I32)?[diouxXeEfFgGaAcspn%]"
-    r"|%\([A-Za-z_][A-Za-z0-9_]*\)[-+ #0]*\d*(?:\.\d+)?[diouxXeEfFgGcrs]"
+    r"%(?:\d+\$)?[-+#0']*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|q|j|z|t|I64|I32)?[diouxXeEfFgGaAcspn%]"
+    r"|%\([A-Za-z_][A-Za-z0-9_]*\)[-+#0]*\d*(?:\.\d+)?[diouxXeEfFgGcrs]"
     r"|%\d+"
     r"|\{[A-Za-z0-9_]*(?::[^{}]*)?\}"
     r"|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?"

@@ -1,0 +1,593 @@
+"""Score a checkpoint on a corpus split: BLEU, chrF and placeholder preservation, optionally next to Apertium.
+
+    python -m model.evaluate --model models/en-es-small --data data --split test --n 1000 --beam 4 \\
+        [--apertium] [--bundle bundles/en-es-small --variant int8] [--json out.json]
+
+Sample: ``--n`` pairs drawn with ``random.Random(seed).sample`` over the split's line indices
+(default seed 20240607, kept in the output), evaluated in corpus order; ``--n 0`` takes the whole split.
+
+Metrics (all on the same sample):
+  * corpus BLEU and chrF from sacrebleu (default settings: BLEU 13a tokenisation, chrF n=6 beta=2);
+    the signatures are printed and stored;
+  * placeholder preservation rate: among sources that contain placeholders
+    (``model.tokenizer.find_placeholders``: printf/Qt/brace/Python/shell placeholders, markup tags,
+    entities), the share whose placeholders all appear unchanged in the output, as a multiset (every
+    placeholder at least as many times as in the source; extra ones are not counted against it).
+
+Backends for the model:
+  * ``torch`` (default): ``model.train.load_release`` on a snapshot of ``--model`` (copied first: the
+    trainer rewrites it whenever validation improves), then ``model.decode.beam_search`` (``--beam 1``:
+    ``greedy_decode``) over batches of similar length;
+  * ``onnx``: with ``--bundle``, ``server.engine.Engine`` (imported only then) with ``--variant``.
+
+``--apertium`` also translates the sample with Apertium (Debian packages ``apertium`` and
+``apertium-eng-spa``; the Debian mode is called ``eng-spa``, not ``en-es``). One pipeline serves the
+whole sample: each segment is deformatted with ``apertium-destxt`` (one process per segment: it drops
+NUL bytes), fed to the pair's mode pipeline run in null-flush mode (``apertium-wblank-mode -z``, one
+NUL-terminated segment per flush) and reformatted with ``apertium-retxt``. That is exactly what
+``apertium -u eng-spa`` does for one segment, without reloading the transducers each time. (``apertium
+-z`` itself does not work for this: its txt deformatter drops the NULs and its gawk wrapper does not
+flush.) ``--apertium-mode per-segment`` runs ``apertium -u <pair>`` once per segment instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import sacrebleu
+from tqdm import tqdm
+
+from model.corpus import read_split
+from model.tokenizer import MODEL_FILE, find_placeholders
+
+DEFAULT_SEED = 20240607
+APERTIUM_DATADIR = Path(os.environ.get("APERTIUM_DATADIR", "/usr/share/apertium"))
+APERTIUM_PAIRS = ("en-es", "eng-spa")  # first one installed wins
+RELEASE_FILES = ("config.json", "model.safetensors", MODEL_FILE, "training.json")
+
+
+# --------------------------------------------------------------------------------------------
+# Sample and metrics
+
+
+def sample_indices(total: int, n: int, seed: int = DEFAULT_SEED) -> list[int]:
+    """`n` distinct indices out of `total`, reproducible from `seed`, in ascending order (n <= 0: all)."""
+    if n <= 0 or n >= total:
+        return list(range(total))
+    return sorted(random.Random(seed).sample(range(total), n))
+
+
+def placeholders_preserved(source: str, hypothesis: str) -> bool | None:
+    """None when the source has no placeholders; else whether all of them survive (as a multiset)."""
+    wanted = Counter(find_placeholders(source))
+    if not wanted:
+        return None
+    return not wanted - Counter(find_placeholders(hypothesis))
+
+
+def placeholder_stats(sources: Sequence[str], hypotheses: Sequence[str]) -> dict:
+    """Counts and rate (percent, None when no source has placeholders) of placeholder preservation."""
+    verdicts = [placeholders_preserved(s, h) for s, h in zip(sources, hypotheses, strict=True)]
+    with_placeholders = sum(v is not None for v in verdicts)
+    preserved = sum(v is True for v in verdicts)
+    rate = 100.0 * preserved / with_placeholders if with_placeholders else None
+    return {"with_placeholders": with_placeholders, "preserved": preserved, "rate": rate}
+
+
+def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
+    """Corpus BLEU and chrF (sacrebleu defaults) with their signatures."""
+    bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
+    bleu_score = bleu.corpus_score(list(hypotheses), [list(references)])
+    chrf_score = chrf.corpus_score(list(hypotheses), [list(references)])
+    return {
+        "bleu": bleu_score.score,
+        "chrf": chrf_score.score,
+        "bleu_detail": str(bleu_score),
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
+    }
+
+
+def score_system(sources: Sequence[str], references: Sequence[str], hypotheses: Sequence[str]) -> dict:
+    scores = corpus_scores(hypotheses, references)
+    scores["placeholders"] = placeholder_stats(sources, hypotheses)
+    return scores
+
+
+# --------------------------------------------------------------------------------------------
+# Model backends
+
+
+def _progress(total: int, desc: str) -> tqdm:
+    return tqdm(total=total, desc=desc, unit="seg", file=sys.stderr, mininterval=2, dynamic_ncols=True)
+
+
+@contextmanager
+def snapshot_model_dir(model_dir: Path, attempts: int = 5) -> Iterator[Path]:
+    """Copy a release directory to a temporary one, retrying while the trainer is rewriting it."""
+    with tempfile.TemporaryDirectory(prefix="evaluate-model-") as tmp:
+        copy = Path(tmp)
+        for attempt in range(attempts):
+            before = {n: (model_dir / n).stat() for n in RELEASE_FILES if (model_dir / n).exists()}
+            for name in before:
+                shutil.copyfile(model_dir / name, copy / name)
+            after = {n: (model_dir / n).stat() for n in RELEASE_FILES if (model_dir / n).exists()}
+            stable = before.keys() == after.keys() and all(
+                (before[n].st_mtime_ns, before[n].st_size) == (after[n].st_mtime_ns, after[n].st_size)
+                for n in before
+            )
+            if stable and time.time() - max((s.st_mtime for s in after.values()), default=0) > 1.0:
+                break
+            time.sleep(1.0 + attempt)
+        missing = [n for n in ("config.json", "model.safetensors", MODEL_FILE) if not (copy / n).exists()]
+        if missing:
+            raise FileNotFoundError(f"{model_dir}: missing {', '.join(missing)} (no checkpoint saved yet?)")
+        yield copy
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _length_batches(lengths: Sequence[int], batch_size: int, max_tokens: int) -> list[list[int]]:
+    """Indices sorted by length, cut into batches of <= batch_size rows and <= max_tokens padded tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        if current and (len(current) >= batch_size or (len(current) + 1) * lengths[i] > max_tokens):
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+@dataclass
+class Translation:
+    hypotheses: list[str]
+    seconds: float
+    info: dict = field(default_factory=dict)
+
+
+def translate_torch(
+    model_dir: Path,
+    texts: list[str],
+    beam: int,
+    length_penalty: float,
+    batch_size: int,
+    device: str,
+) -> Translation:
+    import torch
+
+    from model.decode import beam_search, greedy_decode, max_output_length
+    from model.tokenizer import Tokenizer
+    from model.train import load_release
+
+    with snapshot_model_dir(model_dir) as snapshot:
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        torch_device = torch.device(device)
+        model = load_release(snapshot, torch_device)
+        tokenizer = Tokenizer(snapshot / MODEL_FILE)
+        info: dict = {
+            "backend": "torch",
+            "model_dir": str(model_dir),
+            "model_sha256": _sha256(snapshot / "model.safetensors"),
+            "device": str(torch_device),
+            "threads": torch.get_num_threads(),
+            "beam": beam,
+            "length_penalty": length_penalty,
+            "parameters": model.num_parameters(),
+        }
+        if (snapshot / "training.json").exists():
+            best = json.loads((snapshot / "training.json").read_text()).get("best", {})
+            info["checkpoint"] = {k: best.get(k) for k in ("step", "epoch", "valid_bleu", "valid_chrf")}
+
+    limit = model.config.max_positions - 2
+    encoded = tokenizer.encode_batch(texts)
+    info["truncated_sources"] = sum(len(ids) > limit for ids in encoded)  # as model.train.translate does
+    encoded = [ids[:limit] for ids in encoded]
+    outputs = [""] * len(texts)
+    started = time.perf_counter()
+    with torch.inference_mode(), _progress(len(texts), f"model (torch, beam {beam})") as bar:
+        for idx in _length_batches([max(len(e), 1) for e in encoded], batch_size, 64 * batch_size):
+            ids = [encoded[i] for i in idx]
+            src = torch.full((len(ids), max(1, *map(len, ids))), tokenizer.pad_id, dtype=torch.long)
+            for row, seq in enumerate(ids):
+                src[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            max_len = torch.tensor([max_output_length(len(seq)) for seq in ids])
+            src, max_len = src.to(torch_device), max_len.to(torch_device)
+            if beam == 1:
+                hyps = greedy_decode(model, src, max_len)
+            else:
+                nbest = beam_search(model, src, beam, max_len, length_penalty=length_penalty)
+                hyps = [best[0][0] if best else [] for best in nbest]
+            for i, text in zip(idx, tokenizer.decode_batch(hyps), strict=True):
+                outputs[i] = text
+            bar.update(len(idx))
+    return Translation(outputs, time.perf_counter() - started, info)
+
+
+def translate_onnx(
+    bundle: Path,
+    variant: str,
+    texts: list[str],
+    beam: int,
+    length_penalty: float,
+    batch_size: int,
+    device: str,
+    threads: int,
+) -> Translation:
+    from server.engine import DecodingOptions, Engine  # lazy: the torch backend must not need it
+
+    engine = Engine(bundle, variant=variant, device=device, intra_op_threads=threads)
+    engine.warmup()
+    options = DecodingOptions(beam_size=beam, num_hypotheses=1, max_length=0, length_penalty=length_penalty)
+    lengths = engine.count_tokens(texts)
+    too_long = [i for i, n in enumerate(lengths) if n > engine.max_source_tokens]
+    info = {
+        "backend": "onnx",
+        "bundle": str(bundle),
+        "variant": variant,
+        "name": getattr(engine, "name", None),
+        "version": getattr(engine, "version", None),
+        "providers": list(getattr(engine, "providers", [])),
+        "beam": beam,
+        "length_penalty": length_penalty,
+        "skipped_too_long": len(too_long),
+    }
+    skip = set(too_long)
+    keep = [i for i in range(len(texts)) if i not in skip]
+    outputs = [""] * len(texts)  # too-long segments count as empty translations
+    started = time.perf_counter()
+    with _progress(len(texts), f"model (onnx {variant}, beam {beam})") as bar:
+        bar.update(len(too_long))
+        for batch in _length_batches([max(lengths[i], 1) for i in keep], batch_size, 64 * batch_size):
+            idx = [keep[j] for j in batch]
+            results = engine.translate([texts[i] for i in idx], options)
+            for i, nbest in zip(idx, results, strict=True):
+                outputs[i] = nbest[0].text if nbest else ""
+            bar.update(len(idx))
+    return Translation(outputs, time.perf_counter() - started, info)
+
+
+# --------------------------------------------------------------------------------------------
+# Apertium
+
+
+def apertium_pair(datadir: Path = APERTIUM_DATADIR) -> str:
+    """The installed English->Spanish mode: ``en-es`` where it exists, else Debian's ``eng-spa``."""
+    if shutil.which("apertium") is None:
+        raise RuntimeError("apertium is not installed (apt-get install -y apertium apertium-eng-spa)")
+    for pair in APERTIUM_PAIRS:
+        if (datadir / "modes" / f"{pair}.mode").exists():
+            return pair
+    found = sorted(p.stem for p in (datadir / "modes").glob("*.mode"))
+    raise RuntimeError(
+        f"no English->Spanish Apertium mode in {datadir / 'modes'} (found {found}); "
+        "apt-get install -y apertium-eng-spa"
+    )
+
+
+def _run(cmd: list[str], data: bytes, timeout: float = 60) -> bytes:
+    return subprocess.run(cmd, input=data, capture_output=True, check=True, timeout=timeout).stdout
+
+
+class Apertium:
+    """English->Spanish Apertium, one segment at a time (see the module docstring).
+
+    ``mode="stream"`` keeps one null-flush pipeline for all segments; ``mode="per-segment"`` runs
+    ``apertium -u <pair>`` for each segment. Both give identical output; stream is ~20x faster.
+    Unknown words are not marked (``-u``). Use as a context manager or call ``close()``.
+    """
+
+    def __init__(self, pair: str | None = None, mode: str = "stream", timeout: float = 120.0) -> None:
+        if mode not in ("stream", "per-segment"):
+            raise ValueError(f"unknown Apertium mode {mode!r}")
+        self.pair = pair or apertium_pair()
+        self.mode = mode
+        self.timeout = timeout
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pending = b""
+        if mode == "stream":
+            mode_file = APERTIUM_DATADIR / "modes" / f"{self.pair}.mode"
+            script = subprocess.run(
+                ["apertium-wblank-mode", "-z", str(mode_file)], capture_output=True, text=True, check=True
+            ).stdout.strip()
+            self._stderr = tempfile.TemporaryFile()
+            # $1 = generator option (-n: no unknown-word marks, as `apertium -u`), $2 = tagger option.
+            self._proc = subprocess.Popen(
+                ["bash", "-c", script, "apertium", "-n", ""],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+            )
+
+    def version(self) -> str:
+        out = subprocess.run(["apertium", "-V"], capture_output=True, text=True)
+        package = subprocess.run(
+            ["dpkg-query", "-W", "-f=${Version}", "apertium-eng-spa"], capture_output=True, text=True
+        )
+        return f"apertium {out.stdout.strip()}, apertium-eng-spa {package.stdout.strip() or '?'}"
+
+    def translate(self, text: str) -> str:
+        text = text.replace("\0", "")
+        if not text.strip():
+            return text
+        if self.mode == "per-segment":
+            return _run(["apertium", "-u", self.pair], text.encode(), self.timeout).decode()
+        deformatted = _run(["apertium-destxt"], text.encode())
+        translated = self._stream(deformatted)
+        return _run(["apertium-retxt"], translated).decode()
+
+    def _stream(self, deformatted: bytes) -> bytes:
+        proc = self._proc
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        if proc.poll() is not None:
+            raise RuntimeError(f"Apertium pipeline exited with {proc.returncode}: {self._error()}")
+        proc.stdin.write(deformatted + b"\0")
+        proc.stdin.flush()
+        fd = proc.stdout.fileno()
+        deadline = time.monotonic() + self.timeout
+        while b"\0" not in self._pending:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise TimeoutError(f"Apertium gave no output in {self.timeout} s: {self._error()}")
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                raise RuntimeError(f"Apertium pipeline closed its output: {self._error()}")
+            self._pending += chunk
+        result, self._pending = self._pending.split(b"\0", 1)
+        return result
+
+    def _error(self) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read().decode("utf-8", "replace").strip()[-500:]
+
+    def translate_all(
+        self, texts: Sequence[str], progress: Callable[[int], object] | None = None
+    ) -> list[str]:
+        out = []
+        for text in texts:
+            out.append(self.translate(text))
+            if progress:
+                progress(1)
+        return out
+
+    def close(self) -> None:
+        if self._proc is not None:
+            assert self._proc.stdin is not None
+            self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc.stdout.close()  # type: ignore[union-attr]
+            self._stderr.close()
+            self._proc = None
+
+    def __enter__(self) -> Apertium:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def translate_apertium(texts: list[str], pair: str | None, mode: str) -> Translation:
+    with Apertium(pair, mode) as apertium, _progress(len(texts), f"apertium ({mode})") as bar:
+        started = time.perf_counter()
+        outputs = apertium.translate_all(texts, bar.update)
+        seconds = time.perf_counter() - started
+        info = {"backend": "apertium", "pair": apertium.pair, "mode": mode, "version": apertium.version()}
+    return Translation(outputs, seconds, info)
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+
+
+def _short(text: str, width: int = 150) -> str:
+    text = text.replace("\n", "\u23ce")
+    return text if len(text) <= width else text[: width - 1] + "\u2026"
+
+
+def pick_examples(sources: Sequence[str], k: int) -> list[int]:
+    """First k//2 sample positions whose source has placeholders, then the first others up to k."""
+    with_ph = [i for i, s in enumerate(sources) if find_placeholders(s)][: k // 2]
+    rest = [i for i in range(len(sources)) if i not in set(with_ph)][: k - len(with_ph)]
+    return sorted(with_ph + rest)
+
+
+def _fmt_rate(stats: dict) -> str:
+    if stats["rate"] is None:
+        return "n/a"
+    return f"{stats['rate']:.1f}% ({stats['preserved']}/{stats['with_placeholders']})"
+
+
+def print_report(report: dict, sources: list[str], references: list[str], hyps: dict[str, list[str]]) -> None:
+    systems = report["systems"]
+    sample = report["sample"]
+    print(
+        f"\n{report['split']} split of {report['data']}: {sample['n']} of {sample['total']} pairs "
+        f"(seed {sample['seed']}), {sample['with_placeholders']} sources with placeholders"
+    )
+    names = list(systems)
+    width = max(12, *map(len, names))
+    header = f"{'BLEU':>6}  {'chrF':>6}  {'placeholders kept':>22}  {'seconds':>8}  {'seg/s':>6}"
+    print(f"\n{'system':<{width}}  {header}")
+    for name in names:
+        s = systems[name]
+        print(
+            f"{name:<{width}}  {s['bleu']:6.2f}  {s['chrf']:6.2f}  {_fmt_rate(s['placeholders']):>22}  "
+            f"{s['seconds']:8.1f}  {sample['n'] / max(s['seconds'], 1e-9):6.1f}"
+        )
+    print(f"{'reference':<{width}}  {'':>6}  {'':>6}  {_fmt_rate(report['reference_placeholders']):>22}")
+    print(f"\nBLEU: {report['signatures']['bleu']}\nchrF: {report['signatures']['chrf']}")
+    by_package = report["by_package"]
+    if by_package:
+        print(f"\nchrF by package ({' / '.join(names)}):")
+        for package, row in by_package.items():
+            scores = " / ".join(f"{row[name]['chrf']:5.1f}" for name in names)
+            print(f"  {package:<32} n={row['n']:<5} {scores}")
+    print("\nexamples:")
+    for i in report["example_positions"]:
+        print(f"  SRC  {_short(sources[i])}\n  REF  {_short(references[i])}")
+        for name in names:
+            print(f"  {name[:4].upper():<4} {_short(hyps[name][i])}")
+        print()
+
+
+def evaluate(args: argparse.Namespace) -> dict:
+    pairs = read_split(args.data, args.split)
+    packages: list[str | None] = [None] * len(pairs)
+    meta_path = args.data / f"{args.split}.jsonl"
+    if meta_path.exists():
+        lines = meta_path.read_text(encoding="utf-8").splitlines()
+        if len(lines) == len(pairs):
+            packages = [json.loads(line).get("package") for line in lines]
+    indices = sample_indices(len(pairs), args.n, args.seed)
+    sources = [pairs[i][0] for i in indices]
+    references = [pairs[i][1] for i in indices]
+    print(
+        f"evaluating on {len(indices)} of {len(pairs)} {args.split} pairs (seed {args.seed})", file=sys.stderr
+    )
+
+    runs: dict[str, Translation] = {}
+    if args.bundle:
+        runs["model"] = translate_onnx(
+            args.bundle,
+            args.variant,
+            sources,
+            args.beam,
+            args.length_penalty,
+            args.batch_size,
+            args.device,
+            args.threads,
+        )
+    else:
+        if args.model is None:
+            raise SystemExit("--model (or --bundle) is required")
+        runs["model"] = translate_torch(
+            args.model, sources, args.beam, args.length_penalty, args.batch_size, args.device
+        )
+    if args.apertium:
+        runs["apertium"] = translate_apertium(sources, args.apertium_pair, args.apertium_mode)
+
+    systems = {}
+    for name, run in runs.items():
+        scores = score_system(sources, references, run.hypotheses)
+        systems[name] = {
+            "bleu": round(scores["bleu"], 2),
+            "chrf": round(scores["chrf"], 2),
+            "bleu_detail": scores["bleu_detail"],
+            "placeholders": scores["placeholders"],
+            "seconds": round(run.seconds, 2),
+            **run.info,
+        }
+        signatures = {"bleu": scores["bleu_signature"], "chrf": scores["chrf_signature"]}
+
+    groups: dict[str, list[int]] = defaultdict(list)
+    for pos, i in enumerate(indices):
+        if packages[i] is not None:
+            groups[packages[i]].append(pos)
+    by_package = {}
+    for package, positions in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        row: dict = {"n": len(positions)}
+        for name, run in runs.items():
+            scores = corpus_scores([run.hypotheses[p] for p in positions], [references[p] for p in positions])
+            row[name] = {"bleu": round(scores["bleu"], 2), "chrf": round(scores["chrf"], 2)}
+        by_package[package] = row
+
+    reference_placeholders = placeholder_stats(sources, references)
+    report = {
+        "split": args.split,
+        "data": str(args.data),
+        "sample": {
+            "n": len(indices),
+            "requested": args.n,
+            "total": len(pairs),
+            "seed": args.seed,
+            "rule": "sorted(random.Random(seed).sample(range(total), n)); n <= 0 or n >= total: all",
+            "with_placeholders": reference_placeholders["with_placeholders"],
+        },
+        "signatures": signatures,
+        "placeholder_rule": "share of sources with placeholders (model.tokenizer.find_placeholders) whose "
+        "placeholders all appear in the output, as a multiset",
+        "systems": systems,
+        "reference_placeholders": reference_placeholders,
+        "by_package": by_package,
+        "example_positions": pick_examples(sources, args.examples),
+        "segments": [
+            {
+                "index": i,
+                "package": packages[i],
+                "source": sources[pos],
+                "reference": references[pos],
+                **{name: run.hypotheses[pos] for name, run in runs.items()},
+            }
+            for pos, i in enumerate(indices)
+        ],
+    }
+    print_report(report, sources, references, {name: run.hypotheses for name, run in runs.items()})
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", type=Path, help="release directory (config.json + model.safetensors)")
+    parser.add_argument("--data", type=Path, default=Path("data"))
+    parser.add_argument("--split", default="test", choices=["train", "valid", "test"])
+    parser.add_argument("--n", type=int, default=1000, help="sample size; 0 = the whole split")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="sampling seed")
+    parser.add_argument("--beam", type=int, default=4, help="beam size; 1 = greedy")
+    parser.add_argument("--length-penalty", type=float, default=0.6, help="GNMT alpha")
+    parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0 = library default)")
+    parser.add_argument("--bundle", type=Path, help="exported bundle: use the ONNX engine instead of torch")
+    parser.add_argument("--variant", default="fp32", help="bundle variant (fp32, int8, ...)")
+    parser.add_argument("--apertium", action="store_true", help="also translate the sample with Apertium")
+    parser.add_argument("--apertium-pair", default=None, help="Apertium mode (default: en-es or eng-spa)")
+    parser.add_argument("--apertium-mode", choices=["stream", "per-segment"], default="stream")
+    parser.add_argument("--examples", type=int, default=6, help="example translations to print")
+    parser.add_argument("--json", type=Path, help="write the full report (scores and outputs) here")
+    args = parser.parse_args(argv)
+    if args.beam < 1:
+        parser.error("--beam must be >= 1")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    report = evaluate(args)
+    report["total_seconds"] = round(time.perf_counter() - started, 1)
+    report["command"] = sys.argv if argv is None else ["python", "-m", "model.evaluate", *argv]
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        print(f"report: {args.json}")
+    print(f"done in {report['total_seconds']} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,291 @@
+"""Evaluation: sampling, metric helpers, the torch and (faked) ONNX backends end to end, Apertium."""
+
+import json
+import shutil
+import sys
+import types
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from model import evaluate
+from model.corpus import Pair, write_splits
+from model.evaluate import (
+    Apertium,
+    apertium_pair,
+    corpus_scores,
+    placeholder_stats,
+    placeholders_preserved,
+    sample_indices,
+    score_system,
+)
+from tests.test_tokenizer import make_train_texts
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors; the machine is shared with training
+    yield
+    torch.set_num_threads(before)
+
+
+# --------------------------------------------------------------------------------------------
+# Sample and metrics
+
+
+def test_sample_indices():
+    a = sample_indices(1000, 50, seed=7)
+    assert a == sample_indices(1000, 50, seed=7)
+    assert a != sample_indices(1000, 50, seed=8)
+    assert a == sorted(set(a)) and len(a) == 50 and all(0 <= i < 1000 for i in a)
+    assert sample_indices(10, 0) == list(range(10))
+    assert sample_indices(10, 25) == list(range(10))
+    assert sample_indices(1000, 50) == sample_indices(1000, 50, seed=evaluate.DEFAULT_SEED)
+
+
+@pytest.mark.parametrize(
+    ("source", "hypothesis", "expected"),
+    [
+        ("Open the file", "Abrir el archivo", None),  # nothing to preserve
+        ("Open the file", "Abrir %s", None),
+        ("Copy %s to %s", "Copiar %s a %s", True),
+        ("Copy %1$s to %2$s", "Copiar a %2$s el %1$s", True),  # order may change
+        ("Copy %s to %s", "Copiar %s", False),  # multiset: both %s needed
+        ("Copy %s", "Copiar %s %s", True),  # an extra one is not counted against it
+        ("Hello {name}", "Hola {nombre}", False),  # translated placeholder
+        ("Delete %1$s?", "¿Eliminar %1?", False),  # changed form
+        ("<b>Warning:</b> %d left", "<b>Atención:</b> quedan %d", True),
+        ("<b>Warning:</b> %d left", "Atención: quedan %d", False),  # markup lost
+        ("Tom &amp; Jerry", "Tom &amp; Jerry", True),
+        ("Tom &amp; Jerry", "Tom & Jerry", False),
+        ("%(count)d items", "%(count)d elementos", True),
+        ("%(count)d items", "%(cuenta)d elementos", False),
+        ("Line\n%s", "Línea\n%s", True),
+    ],
+)
+def test_placeholders_preserved(source, hypothesis, expected):
+    assert placeholders_preserved(source, hypothesis) is expected
+
+
+def test_placeholder_stats():
+    sources = ["Open %s", "Close", "Copy %1 to %2", "Quit {0}"]
+    hyps = ["Abrir %s", "Cerrar %s", "Copiar %1", "Salir {0}"]
+    assert placeholder_stats(sources, hyps) == {"with_placeholders": 3, "preserved": 2, "rate": 200 / 3}
+    assert placeholder_stats(["Close"], ["Cerrar"])["rate"] is None
+    with pytest.raises(ValueError):
+        placeholder_stats(["a", "b"], ["a"])
+
+
+def test_corpus_scores_identical_is_100():
+    refs = [
+        "Abrir el archivo seleccionado",
+        "¿Desea guardar los cambios?",
+        "Copiar %s a %s",
+        "Línea\nsiguiente",
+    ]
+    scores = corpus_scores(refs, refs)
+    assert scores["bleu"] == pytest.approx(100.0)
+    assert scores["chrf"] == pytest.approx(100.0)
+    assert "nrefs:1" in scores["bleu_signature"] and "tok:13a" in scores["bleu_signature"]
+    assert "nrefs:1" in scores["chrf_signature"]
+    worse = corpus_scores(["Abrir el fichero", "¿Guardar?", "Copiar", "Línea"], refs)
+    assert 0.0 <= worse["bleu"] < 100.0 and 0.0 < worse["chrf"] < 100.0
+    assert corpus_scores(["xyz"] * 4, refs)["bleu"] == pytest.approx(0.0)
+
+
+def test_score_system_combines_both():
+    text = "Abrir %s en una ventana nueva"
+    scores = score_system(["Open %s in a new window"], [text], [text])
+    assert scores["bleu"] == pytest.approx(100.0) and scores["placeholders"]["rate"] == 100.0
+
+
+def test_length_batches_cover_everything():
+    lengths = [5, 1, 30, 2, 2, 7, 100, 3]
+    batches = evaluate._length_batches(lengths, batch_size=3, max_tokens=64)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    assert all(len(b) <= 3 for b in batches)
+    assert all(len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 64 for b in batches)
+    flat = [lengths[i] for b in batches for i in b]
+    assert flat == sorted(flat)
+
+
+# --------------------------------------------------------------------------------------------
+# End to end on a tiny random model (torch) and a fake ONNX engine
+
+
+PAIRS = [
+    ("Open %s", "Abrir %s"),
+    ("Close the window", "Cerrar la ventana"),
+    ("Copy %1 to %2", "Copiar %1 a %2"),
+    ("Line one\nline two", "Línea uno\nlínea dos"),
+    ("<b>Warning</b>", "<b>Atención</b>"),
+    ("Save changes?", "¿Guardar cambios?"),
+]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("data")
+    pairs = [Pair(en, es, f"pkg{i % 2}", "1", "x.mo") for i, (en, es) in enumerate(PAIRS)]
+    write_splits(out, {"test": pairs})
+    return out
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from model.model import Transformer, TransformerConfig
+    from model.tokenizer import train_tokenizer
+    from model.train import save_release
+
+    out = tmp_path_factory.mktemp("release")
+    texts = [t for pair in PAIRS for t in pair] * 30 + make_train_texts()
+    tokenizer = train_tokenizer(texts, out, vocab_size=512)
+    torch.manual_seed(0)
+    config = TransformerConfig(
+        vocab_size=tokenizer.vocab_size, d_model=32, n_heads=2, d_ff=64,
+        n_encoder_layers=1, n_decoder_layers=1, dropout=0.0, max_positions=64,
+    )  # fmt: skip
+    save_release(Transformer(config), out, tokenizer, {"best": {"step": 7, "valid_bleu": 1.5}})
+    return out
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_torch_backend_end_to_end(data_dir, model_dir, tmp_path, beam, capsys):
+    out = tmp_path / "report.json"
+    evaluate.main(
+        ["--model", str(model_dir), "--data", str(data_dir), "--n", "4", "--beam", str(beam),
+         "--batch-size", "2", "--device", "cpu", "--json", str(out)]
+    )  # fmt: skip
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert report["sample"]["n"] == 4 and report["sample"]["total"] == len(PAIRS)
+    assert report["sample"]["seed"] == evaluate.DEFAULT_SEED
+    model = report["systems"]["model"]
+    assert model["backend"] == "torch" and model["beam"] == beam
+    assert model["checkpoint"]["step"] == 7
+    assert 0.0 <= model["bleu"] <= 100.0 and 0.0 <= model["chrf"] <= 100.0
+    assert "nrefs:1" in report["signatures"]["bleu"]
+    assert [s["index"] for s in report["segments"]] == sample_indices(len(PAIRS), 4)
+    assert all(isinstance(s["model"], str) for s in report["segments"])
+    assert set(report["by_package"]) <= {"pkg0", "pkg1"}
+    printed = capsys.readouterr().out
+    assert "BLEU" in printed and "examples:" in printed
+
+
+def test_missing_checkpoint_is_reported(data_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        evaluate.main(["--model", str(tmp_path), "--data", str(data_dir), "--n", "2"])
+
+
+@dataclass(frozen=True)
+class FakeOptions:
+    beam_size: int = 4
+    num_hypotheses: int = 1
+    max_length: int = 0
+    length_penalty: float = 0.6
+
+
+@dataclass
+class FakeHypothesis:
+    text: str
+    score: float
+    tokens: list
+
+
+class FakeEngine:
+    """Stands in for server.engine.Engine: 'translates' by looking the source up in PAIRS."""
+
+    instances: list = []
+
+    def __init__(self, bundle_dir, *, variant="fp32", device="auto", intra_op_threads=0):
+        self.bundle_dir, self.variant = bundle_dir, variant
+        self.max_source_tokens = 5
+        self.name, self.version, self.providers = "fake", "0", ["CPUExecutionProvider"]
+        self.calls: list = []
+        FakeEngine.instances.append(self)
+
+    def warmup(self):
+        pass
+
+    def count_tokens(self, texts):
+        return [len(t.split()) for t in texts]
+
+    def translate(self, texts, options, cancelled=None):
+        self.calls.append((list(texts), options))
+        lookup = dict(PAIRS)
+        return [[FakeHypothesis(lookup[t], -0.1, [])] for t in texts]
+
+
+def test_onnx_backend_with_fake_engine(data_dir, tmp_path, monkeypatch):
+    fake = types.ModuleType("server.engine")
+    fake.Engine, fake.DecodingOptions = FakeEngine, FakeOptions
+    monkeypatch.setitem(sys.modules, "server.engine", fake)
+    out = tmp_path / "report.json"
+    evaluate.main(
+        ["--bundle", str(tmp_path), "--variant", "int8", "--data", str(data_dir), "--n", "0",
+         "--beam", "2", "--json", str(out)]
+    )  # fmt: skip
+    report = json.loads(out.read_text(encoding="utf-8"))
+    model = report["systems"]["model"]
+    assert model["backend"] == "onnx" and model["variant"] == "int8"
+    engine = FakeEngine.instances[-1]
+    assert engine.variant == "int8"
+    assert all(options.beam_size == 2 and options.num_hypotheses == 1 for _, options in engine.calls)
+    # every segment fits in 5 "tokens" and is translated exactly: perfect scores
+    assert model["skipped_too_long"] == 0
+    assert model["bleu"] == pytest.approx(100.0) and model["chrf"] == pytest.approx(100.0)
+    assert model["placeholders"]["rate"] == 100.0
+
+
+# --------------------------------------------------------------------------------------------
+# Apertium
+
+
+def _apertium_or_skip() -> str:
+    if shutil.which("apertium") is None:
+        pytest.skip("Apertium is not installed (apt-get install -y apertium apertium-eng-spa)")
+    try:
+        return apertium_pair()
+    except RuntimeError as error:
+        pytest.skip(f"no English->Spanish Apertium pair: {error}")
+
+
+def test_apertium_one_sentence():
+    pair = _apertium_or_skip()
+    assert pair in ("en-es", "eng-spa")
+    with Apertium(pair) as apertium:
+        out = apertium.translate("The house is big.")
+        assert out == "La casa es grande."
+        assert apertium.translate("") == ""
+
+
+def test_apertium_stream_matches_per_segment_on_multiline():
+    _apertium_or_skip()
+    segments = ["Open the file.", "Save the file?\nThe window is closed.", "Hello world", "Copy %s to {name}"]
+    with Apertium(mode="stream") as stream:
+        streamed = stream.translate_all(segments)
+    with Apertium(mode="per-segment") as single:
+        one_by_one = single.translate_all(segments)
+    assert streamed == one_by_one
+    assert len(streamed) == len(segments)
+    assert streamed[1].count("\n") == 1  # a multi-line segment stays one segment with its newline
+    assert "%s" in streamed[3]
+
+
+def test_cli_with_apertium_side_by_side(data_dir, tmp_path, monkeypatch, capsys):
+    _apertium_or_skip()
+    fake = types.ModuleType("server.engine")
+    fake.Engine, fake.DecodingOptions = FakeEngine, FakeOptions
+    monkeypatch.setitem(sys.modules, "server.engine", fake)
+    out = tmp_path / "report.json"
+    evaluate.main(
+        ["--bundle", str(tmp_path), "--data", str(data_dir), "--n", "3", "--apertium", "--json", str(out)]
+    )
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert list(report["systems"]) == ["model", "apertium"]
+    apertium = report["systems"]["apertium"]
+    assert apertium["pair"] in ("en-es", "eng-spa") and apertium["seconds"] >= 0
+    assert all(isinstance(s["apertium"], str) and s["apertium"] for s in report["segments"])
+    printed = capsys.readouterr().out
+    assert "apertium" in printed and "APER" in printed
