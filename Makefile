@@ -1,0 +1,77 @@
+# Short commands for the whole pipeline. `make run` serves the bundled model; `make test` runs the suite.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+MODEL ?= models/en-es-small
+BUNDLE ?= bundles/en-es-small
+DATA ?= data
+
+.PHONY: help install system-deps run serve bundle corpus tokenizer train evaluate bench proto lint test clean
+
+help:
+	@echo "make run        serve the bundled English->Spanish model over gRPC (installs on first use)"
+	@echo "make test       lint + the whole test suite"
+	@echo "make corpus     build the EN-ES corpus from Debian packages into $(DATA)/"
+	@echo "make tokenizer  train the SentencePiece model into $(MODEL)/"
+	@echo "make train      train the small model (see $(MODEL)/MODEL_CARD.md for the shipped settings)"
+	@echo "make evaluate   score $(MODEL) on the test split against Apertium"
+	@echo "make bundle     export $(MODEL) to the ONNX bundle $(BUNDLE)/"
+	@echo "make bench      engine vs PyTorch vs CTranslate2 speed benchmark"
+
+# The virtual environment is rebuilt when the dependency list changes. torch is pinned in
+# pyproject.toml (the CPU wheel); Debian's python3 needs python3-venv for `-m venv`.
+$(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[train,dev]"
+	@touch $@
+
+install: $(VENV)/.installed
+
+# Debian tools the tests drive for real: promtool/prometheus (metrics), apertium (baseline).
+system-deps:
+	@command -v promtool >/dev/null && command -v apertium >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    prometheus apertium apertium-eng-spa >/dev/null; }
+
+$(BUNDLE)/manifest.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(MODEL)/tokenizer.model | install
+	$(PY) -m export --checkpoint $(MODEL) --out $(BUNDLE)
+
+bundle: $(BUNDLE)/manifest.json
+
+# TRANSLATOR_MODEL_DIR, TRANSLATOR_HOST, TRANSLATOR_PORT, TRANSLATOR_METRICS_PORT (and the other
+# TRANSLATOR_* variables) are read by the server itself.
+run serve: install
+	@if [ -z "$$TRANSLATOR_MODEL_DIR" ]; then $(MAKE) --no-print-directory bundle; fi
+	$(PY) -m server
+
+corpus: install
+	$(PY) -m model.corpus --out $(DATA)
+
+tokenizer: install
+	$(PY) -m model.tokenizer --data $(DATA) --out $(MODEL)
+
+train: install
+	$(PY) -m model.train --data $(DATA) --tokenizer $(MODEL)/tokenizer.model --run-dir runs/en-es-small \
+	  --release-dir $(MODEL) --config small --lr 1.5e-3 --warmup 1000 --max-tokens 3000 --valid-every 500 \
+	  --valid-bleu-sentences 400 $(TRAIN_ARGS)
+
+evaluate: install system-deps
+	$(PY) -m model.evaluate --model $(MODEL) --data $(DATA) --split test --n 1000 --beam 4 --apertium \
+	  --json $(MODEL)/eval.json
+
+bench: install bundle
+	$(PY) -m export.bench --model $(MODEL) --bundle $(BUNDLE) --json bench.json
+
+proto: install
+	$(PY) -m proto.generate
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: install system-deps lint
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) bundles .pytest_cache .ruff_cache
