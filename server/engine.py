@@ -1,0 +1,807 @@
+"""ONNX Runtime inference engine: bundle loading, batched greedy / beam search with a KV cache.
+
+The contract is docs/engine-contract.md. This is the only module that touches ONNX Runtime; it needs
+numpy, onnxruntime and sentencepiece (through model.tokenizer), never torch or grpc.
+
+Decoding reproduces model/decode.py token for token (see `beam_search` there for the rule):
+
+* The encoder graph runs once per batch and returns the cross-attention K/V of every decoder layer and
+  an additive source bias; the decoder graph runs one step for all live beam rows and returns the top
+  candidates of each sentence (beam_scores + log-probs ranked inside the graph, ties to the lower flat
+  index beam * V + token, exactly the stable sort of the reference), so only (B, 2K) numbers come back.
+* Step 0 runs one row per sentence (the reference's beams 1..K-1 start at -inf and can never be picked,
+  so this is the same search with K - 1 fewer rows); afterwards each sentence has K rows.
+* Sentences that finish (or are cancelled) leave the batch: their cache rows, cross K/V and bias are
+  dropped and the source axis is trimmed to the longest remaining source (rounded up to a multiple of
+  8, so that a sentence's numbers do not depend on the batch it is in).
+* The decoder graph reads the self-attention cache without concatenating it and returns only the new
+  step's K/V. On CPU the cache is a preallocated buffer with spare time capacity: greedy steps write
+  the new K/V in place (no copy of the cache), a beam step whose row order changed does one contiguous
+  np.take (by beam origin) into a second buffer. On CUDA (IOBinding) the cache never leaves the GPU:
+  reorder + append run through the bundle's tiny cache graph; only ids, scores and the top candidates
+  cross the bus.
+
+Long inputs: a segment longer than `max_source_tokens` raises InputTooLongError (callers should split
+long text into sentences or paragraphs first; `count_tokens` gives the lengths without translating).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from model.tokenizer import Tokenizer
+from server.bundle import BundleError, load_manifest
+
+__all__ = [
+    "BundleError",
+    "DecodingOptions",
+    "Engine",
+    "Generator",
+    "Hypothesis",
+    "InputTooLongError",
+    "physical_cores",
+]
+
+NBest = list[tuple[list[int], float]]
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    beam_size: int = 4  # 1 = greedy
+    num_hypotheses: int = 1  # n-best size, <= beam_size
+    max_length: int = 0  # 0 = derived from the source length: min(cap, int(1.5 * src_len) + 10)
+    length_penalty: float = 0.6  # GNMT alpha: score = sum logprob / ((5 + len) / 6) ** alpha
+
+
+@dataclass
+class Hypothesis:
+    text: str  # detokenized, with the source's leading/trailing whitespace restored
+    score: float  # length-normalised log-probability (0.0 for pass-through segments)
+    tokens: list[int]  # target ids without BOS/EOS
+
+
+class InputTooLongError(ValueError):
+    """A segment is over max_source_tokens; the message names it. Split long text before translating."""
+
+
+def physical_cores() -> int:
+    """Physical cores available to this process (hyper-threads are no help for GEMM-bound inference)."""
+    try:
+        available = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        available = os.cpu_count() or 1
+    physical = 0
+    try:
+        import psutil  # optional
+
+        physical = psutil.cpu_count(logical=False) or 0
+    except ImportError:
+        try:
+            cores, current = set(), ""
+            with open("/proc/cpuinfo", encoding="utf-8") as f:
+                for line in f:
+                    key, _, value = line.partition(":")
+                    key, value = key.strip(), value.strip()
+                    if key == "physical id":
+                        current = value
+                    elif key == "core id":
+                        cores.add((current, value))
+            physical = len(cores)
+        except OSError:
+            physical = 0
+    return max(1, min(available, physical) if physical else available)
+
+
+def gnmt_length_penalty(length: int, alpha: float) -> float:
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+# ------------------------------------------------------------------------------------------ backends
+
+
+def _shape(x: Any) -> tuple[int, ...]:
+    """Shape of a numpy array or an OrtValue (where shape is a method)."""
+    return tuple(x.shape()) if callable(x.shape) else x.shape
+
+
+class _NumpyCache:
+    """CPU path: numpy arrays. The self-attention cache has spare capacity along time (a multiple of
+    CAPACITY_STEP): in greedy steps the new K/V are written in place (no copy of the cache at all); a
+    beam reorder is one contiguous np.take into a second, reused buffer."""
+
+    trims_source = True
+    CAPACITY_STEP = 16
+
+    def __init__(self, gen: Generator) -> None:
+        self.g = gen
+        self._sets: list[list[np.ndarray | None]] = [[], []]  # double buffer: never read and write one set
+        self._flip = 0
+
+    def encode(self, src: np.ndarray) -> tuple[np.ndarray, list[Any]]:
+        out = self.g.encoder.run(self.g.encoder_outputs, {"src_ids": src})
+        return out[0], out[1:]
+
+    def empty_past(self, rows: int) -> list[Any]:
+        g = self.g
+        z = np.zeros((rows, g.n_heads, 0, g.head_dim), dtype=g.kv_dtype)
+        return [z] * (2 * g.n_layers)
+
+    def step(self, feed: dict[str, np.ndarray], cross: list[Any], past: list[Any]) -> tuple[Any, ...]:
+        g = self.g
+        feed.update(zip(g.cross_names, cross, strict=True))
+        feed.update(zip(g.past_names, past, strict=True))
+        out = g.decoder.run(g.step_outputs, feed)
+        return out[0], out[1], out[2:]
+
+    def _buffers(self, like: list[np.ndarray], rows: int, capacity: int) -> list[np.ndarray]:
+        """Zero-initialised, reused arrays (rows, H, capacity, Dh): spare entries must stay finite, and a
+        fresh allocation per step would page-fault its memory in every time (slower than the copy)."""
+        bufs = self._sets[self._flip]
+        self._flip ^= 1
+        if len(bufs) != len(like):
+            bufs[:] = [None] * len(like)
+        out = []
+        for j, x in enumerate(like):
+            shape = (rows, x.shape[1], capacity, x.shape[3])
+            n = math.prod(shape)
+            buf = bufs[j]
+            if buf is None or buf.size < n or buf.dtype != x.dtype:
+                buf = bufs[j] = np.zeros(n + n // 2, dtype=x.dtype)
+            out.append(buf[:n].reshape(shape))
+        return out
+
+    def advance(self, past: list[Any], new: list[Any], rows: np.ndarray | None, t: int) -> list[Any]:
+        """The cache of the next step: rows `rows` (None = same rows, same order) of past[:, :, :t] with
+        this step's K/V written at index t."""
+        capacity = past[0].shape[2]
+        if rows is None and t < capacity:
+            for p, x in zip(past, new, strict=True):
+                p[:, :, t] = x[:, :, 0]
+            return past
+        n_rows = past[0].shape[0] if rows is None else rows.size
+        if t < capacity:
+            dest = self._buffers(past, n_rows, capacity)
+            for p, x, d in zip(past, new, dest, strict=True):
+                np.take(p, rows, axis=0, out=d, mode="clip")  # contiguous; rows are always in range
+                d[:, :, t] = x[rows, :, 0]
+            return dest
+        step = self.CAPACITY_STEP
+        dest = self._buffers(past, n_rows, -(-(t + 1) // step) * step)
+        for p, x, d in zip(past, new, dest, strict=True):
+            d[:, :, :t] = p[:, :, :t] if rows is None else p[rows, :, :t]
+            d[:, :, t] = x[:, :, 0] if rows is None else x[rows, :, 0]
+        return dest
+
+    def take(self, tensors: list[Any], idx: np.ndarray, src_len: int | None = None) -> list[Any]:
+        if src_len is None:
+            return [np.take(x, idx, axis=0) for x in tensors]
+        return [np.ascontiguousarray(x[idx, :, :src_len]) for x in tensors]
+
+    def release(self) -> None:
+        self._sets = [[], []]
+
+
+class _BoundCache:
+    """IOBinding path (CUDA; also runs on CPU for tests): K/V live as OrtValues on the device and are
+    reordered/appended there by the bundle's cache graph; only ids, scores and candidates cross the bus."""
+
+    trims_source = False
+
+    def __init__(self, gen: Generator, device_type: str, device_id: int) -> None:
+        if gen.cache_graph is None:
+            raise BundleError("the IOBinding path needs the bundle's cache graph")
+        self.g, self.dev, self.dev_id = gen, device_type, device_id
+
+    def encode(self, src: np.ndarray) -> tuple[np.ndarray, list[Any]]:
+        g = self.g
+        io = g.encoder.io_binding()
+        io.bind_cpu_input("src_ids", src)
+        io.bind_output("src_bias", "cpu")
+        for name in g.cross_names:
+            io.bind_output(name, self.dev, self.dev_id)
+        g.encoder.run_with_iobinding(io)
+        out = io.get_outputs()
+        return out[0].numpy(), list(out[1:])
+
+    def empty_past(self, rows: int) -> list[Any]:
+        g = self.g
+        z = np.zeros((rows, g.n_heads, 0, g.head_dim), dtype=g.kv_dtype)
+        return [z] * (2 * g.n_layers)
+
+    @staticmethod
+    def _bind(io: Any, name: str, value: Any) -> None:
+        if isinstance(value, np.ndarray):  # e.g. the zero-length cache of the first step
+            io.bind_cpu_input(name, value)
+        else:
+            io.bind_ortvalue_input(name, value)
+
+    def step(self, feed: dict[str, np.ndarray], cross: list[Any], past: list[Any]) -> tuple[Any, ...]:
+        g = self.g
+        io = g.decoder.io_binding()
+        for name, value in feed.items():
+            io.bind_cpu_input(name, value)
+        for name, value in zip(g.cross_names, cross, strict=True):
+            self._bind(io, name, value)
+        for name, value in zip(g.past_names, past, strict=True):
+            self._bind(io, name, value)
+        io.bind_output("topk_scores", "cpu")
+        io.bind_output("topk_indices", "cpu")
+        for name in g.new_kv_names:
+            io.bind_output(name, self.dev, self.dev_id)
+        g.decoder.run_with_iobinding(io)
+        out = io.get_outputs()
+        return out[0].numpy(), out[1].numpy(), list(out[2:])
+
+    def _run_cache(self, xs: list[Any], ns: list[Any], idx: np.ndarray) -> list[Any]:
+        g = self.g
+        io = g.cache_graph.io_binding()
+        io.bind_cpu_input("idx", np.ascontiguousarray(idx, dtype=np.int64))
+        for j, (x, n) in enumerate(zip(xs, ns, strict=True)):
+            self._bind(io, f"x_{j}", x)
+            self._bind(io, f"n_{j}", n)
+            io.bind_output(f"y_{j}", self.dev, self.dev_id)
+        g.cache_graph.run_with_iobinding(io)
+        return list(io.get_outputs())
+
+    def advance(self, past: list[Any], new: list[Any], rows: np.ndarray | None, t: int) -> list[Any]:
+        if rows is None:
+            rows = np.arange(_shape(past[0])[0])
+        return self._run_cache(past, new, rows)
+
+    def take(self, tensors: list[Any], idx: np.ndarray, src_len: int | None = None) -> list[Any]:
+        n, h, _, d = _shape(tensors[0])
+        nothing = np.zeros((n, h, 0, d), dtype=self.g.kv_dtype)  # zero-length: a plain row gather
+        return self._run_cache(tensors, [nothing] * len(tensors), idx)
+
+    def release(self) -> None:
+        pass
+
+
+# ----------------------------------------------------------------------------------------- generator
+
+
+class Generator:
+    """Id-level decoding over an encoder/decoder graph pair (no tokenizer; used by Engine and tests)."""
+
+    def __init__(
+        self,
+        encoder_path: str | Path,
+        decoder_path: str | Path,
+        cache_path: str | Path | None = None,
+        *,
+        device: str = "cpu",
+        intra_op_threads: int = 0,
+        io_binding: bool | None = None,
+        pad_id: int = 0,
+        bos_id: int = 1,
+        eos_id: int = 2,
+        max_positions: int | None = None,
+        source_bucket: int = 8,
+    ) -> None:
+        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+        # The source axis is padded to a multiple of `source_bucket` (at most max_positions): CPU kernels
+        # reduce a ragged tail in a different order, so without it a sentence's scores would differ in
+        # the last bits between "alone" and "inside a padded batch".
+        self.max_positions, self.source_bucket = max_positions, max(1, source_bucket)
+        self.paths = {"encoder": Path(encoder_path), "decoder": Path(decoder_path)}
+        if cache_path is not None:
+            self.paths["cache"] = Path(cache_path)
+        device = device.lower()
+        if device not in ("auto", "cpu") and not device.startswith("cuda"):
+            raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+        device_id = int(device.split(":", 1)[1]) if device.startswith("cuda:") else 0
+        if device.startswith("cuda") and "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise RuntimeError(
+                f"device {device!r} requested but this onnxruntime build has no CUDA provider "
+                f"(available: {ort.get_available_providers()}; install onnxruntime-gpu)"
+            )
+        want_cuda = device.startswith("cuda") or (
+            device == "auto" and "CUDAExecutionProvider" in ort.get_available_providers()
+        )
+        self.threads = intra_op_threads if intra_op_threads > 0 else physical_cores()
+        self.on_cuda = False
+        if want_cuda:
+            cuda = ("CUDAExecutionProvider", {"device_id": device_id})
+            # onnxruntime-gpu lists CUDA as available even without a usable GPU: trust the sessions only
+            # (they either fall back to CPU silently or fail to initialise CUDA).
+            problem = ""
+            try:
+                self._load([cuda, "CPUExecutionProvider"])
+                sessions = [self.encoder, self.decoder, *([self.cache_graph] if self.cache_graph else [])]
+                got = [s.get_providers()[0] for s in sessions]
+                self.on_cuda = all(p == "CUDAExecutionProvider" for p in got)
+                problem = f"ONNX Runtime gave {got}"
+            except BundleError as e:
+                problem = str(e)
+            if not self.on_cuda and device.startswith("cuda"):
+                raise RuntimeError(f"device {device!r} requested but CUDA is not usable: {problem}")
+        if not self.on_cuda:
+            self._load(["CPUExecutionProvider"])
+        self.providers: list[str] = self.decoder.get_providers()
+        self._inspect()
+        use_binding = self.on_cuda if io_binding is None else io_binding
+        if use_binding:
+            self.cache: _NumpyCache | _BoundCache = _BoundCache(
+                self, "cuda" if self.on_cuda else "cpu", device_id if self.on_cuda else 0
+            )
+        else:
+            self.cache = _NumpyCache(self)
+        self.last_stats: dict[str, Any] = {}
+        self.greedy_fast_path = True  # beam 1 through the vectorised greedy branch (same result, faster)
+
+    def _session_options(self) -> ort.SessionOptions:
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = self.threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.log_severity_level = 3
+        return so
+
+    def _load(self, providers: list[Any]) -> None:
+        so = self._session_options()
+        sessions = {}
+        for name, path in self.paths.items():
+            try:
+                sessions[name] = ort.InferenceSession(str(path), so, providers=providers)
+            except Exception as e:  # noqa: BLE001 - onnxruntime raises several private exception types
+                raise BundleError(f"{path}: ONNX Runtime cannot load this graph: {e}") from e
+        self.encoder, self.decoder = sessions["encoder"], sessions["decoder"]
+        self.cache_graph = sessions.get("cache")
+
+    def _inspect(self) -> None:
+        dec_in = {i.name: i for i in self.decoder.get_inputs()}
+        dec_out = {o.name: o for o in self.decoder.get_outputs()}
+        enc_out = {o.name for o in self.encoder.get_outputs()}
+        n_layers = sum(1 for n in dec_in if n.startswith("past_key_"))
+        self.n_layers = n_layers
+        self.cross_names = [n for i in range(n_layers) for n in (f"cross_key_{i}", f"cross_value_{i}")]
+        self.past_names = [n for i in range(n_layers) for n in (f"past_key_{i}", f"past_value_{i}")]
+        self.new_kv_names = [n for i in range(n_layers) for n in (f"new_key_{i}", f"new_value_{i}")]
+        need_in = {"input_ids", "position", "src_bias", "beam_scores", "num_candidates"}
+        need_in |= set(self.cross_names) | set(self.past_names)
+        need_out = {"log_probs", "topk_scores", "topk_indices", *self.new_kv_names}
+        problems = []
+        if n_layers == 0:
+            problems.append("decoder has no past_key_* inputs")
+        if need_in - set(dec_in):
+            problems.append(f"decoder lacks inputs {sorted(need_in - set(dec_in))}")
+        if need_out - set(dec_out):
+            problems.append(f"decoder lacks outputs {sorted(need_out - set(dec_out))}")
+        if {"src_bias", *self.cross_names} - enc_out:
+            problems.append(f"encoder lacks outputs {sorted({'src_bias', *self.cross_names} - enc_out)}")
+        if problems:
+            raise BundleError(
+                f"{self.paths['decoder'].parent}: unexpected graph interface: {'; '.join(problems)}"
+            )
+        shape = dec_in["past_key_0"].shape  # [rows, H, past_len, Dh]
+        self.n_heads, self.head_dim = int(shape[1]), int(shape[3])
+        self.vocab_size = int(dec_out["log_probs"].shape[1])
+        self.kv_dtype = np.float16 if dec_in["past_key_0"].type == "tensor(float16)" else np.float32
+        self.encoder_outputs = ["src_bias", *self.cross_names]
+        self.step_outputs = ["topk_scores", "topk_indices", *self.new_kv_names]
+
+    # ------------------------------------------------------------------------------------- decoding
+
+    def generate(
+        self,
+        sources: Sequence[Sequence[int]],
+        *,
+        beam_size: int = 1,
+        num_hypotheses: int = 1,
+        length_penalty: float = 0.6,
+        max_lengths: Sequence[int] | int = 256,
+        cancelled: Callable[[], Sequence[bool]] | None = None,
+    ) -> list[NBest | None]:
+        """Decode source id lists (no BOS/EOS). Per source: up to num_hypotheses (tokens, score), best
+        first, or None if `cancelled()` reported it at a step boundary. max_lengths: int or per source."""
+        K = int(beam_size)
+        if K < 1 or not 1 <= num_hypotheses <= K:
+            raise ValueError(
+                f"need beam_size >= 1 and 1 <= num_hypotheses <= beam_size, got {K}, {num_hypotheses}"
+            )
+        B = len(sources)
+        limits = np.array(
+            [max_lengths] * B if isinstance(max_lengths, int) else list(max_lengths), dtype=np.int64
+        )
+        if limits.shape != (B,):
+            raise ValueError(f"max_lengths has {limits.size} entries for {B} sources")
+        stats = {"batch": B, "beam_size": K, "steps": 0, "encoder_s": 0.0, "decoder_s": 0.0}
+        stats |= {"select_s": 0.0, "reorder_s": 0.0, "max_rows": 0, "row_steps": 0}
+        t_start = time.perf_counter()
+        finished: list[NBest] = [[] for _ in range(B)]
+        dropped = np.zeros(B, dtype=bool)  # cancelled
+        self.last_stats = stats
+        if B == 0:
+            return []
+
+        V, eos, cache = self.vocab_size, self.eos_id, self.cache
+        # Sentences with a zero budget finish at once with an empty hypothesis (as in the reference).
+        for b in np.flatnonzero(limits <= 0):
+            finished[b].append(([], 0.0))
+        active = np.flatnonzero(limits > 0)  # original indices, in batch order
+        src_lens = np.array([len(s) for s in sources], dtype=np.int64)
+        if active.size and cancelled is not None:
+            active = self._drop_cancelled(active, cancelled, dropped)
+        if active.size == 0:
+            return self._results(finished, dropped, num_hypotheses)
+
+        src = np.full((active.size, self._source_width(src_lens[active])), self.pad_id, dtype=np.int64)
+        for row, b in enumerate(active):
+            src[row, : src_lens[b]] = sources[b]
+        t0 = time.perf_counter()
+        bias, cross = cache.encode(src)
+        stats["encoder_s"] = time.perf_counter() - t0
+
+        n_act = active.size
+        max_len = int(limits[active].max())
+        lim = limits[active]
+        kc = 1  # beam rows per sentence in the current step (1 at step 0)
+        scores = np.zeros((n_act, 1), dtype=np.float32)
+        tokens = np.full((n_act, 1), self.bos_id, dtype=np.int64)
+        hist = np.zeros((n_act, 1, max_len), dtype=np.int64)  # tokens of each beam so far
+        n_fin = np.zeros(n_act, dtype=np.int64)
+        past = cache.empty_past(n_act)
+        positions = np.arange(max_len, dtype=np.int64)
+        slots = np.arange(K)
+        cand_rank = np.arange(2 * K)
+
+        for t in range(max_len):
+            if cancelled is not None and t > 0:
+                keep_pos = self._cancel_mask(active, cancelled, dropped)
+                if keep_pos is not None:
+                    t0 = time.perf_counter()
+                    rows = (keep_pos[:, None] * kc + np.arange(kc)).reshape(-1)
+                    past = cache.take(past, rows)
+                    active, lim, scores, hist, n_fin = (
+                        active[keep_pos],
+                        lim[keep_pos],
+                        scores[keep_pos],
+                        hist[keep_pos],
+                        n_fin[keep_pos],
+                    )
+                    tokens = tokens.reshape(-1, kc)[keep_pos].reshape(-1, 1)
+                    bias, cross = self._compact_source(bias, cross, keep_pos, src_lens[active])
+                    stats["reorder_s"] += time.perf_counter() - t0
+                    if active.size == 0:
+                        break
+            n_act = active.size
+            greedy = K == 1 and self.greedy_fast_path
+            n_cand = 1 if greedy else min(2 * K, kc * V)
+            feed = {
+                "input_ids": tokens,
+                "position": positions[t : t + 1],
+                "src_bias": bias,
+                "beam_scores": scores,
+                "num_candidates": np.array([n_cand], dtype=np.int64),
+            }
+            t0 = time.perf_counter()
+            top_s, top_i, new_kv = cache.step(feed, cross, past)
+            t1 = time.perf_counter()
+            stats["decoder_s"] += t1 - t0
+            stats["steps"] += 1
+            stats["row_steps"] += n_act * kc
+            stats["max_rows"] = max(stats["max_rows"], n_act * kc)
+            length = t + 1
+            lp = gnmt_length_penalty(length, length_penalty)
+            at_limit = lim <= length
+
+            if greedy:
+                # Greedy: the best candidate (lowest id on ties) is EOS -> finished, otherwise it extends.
+                tok = top_i[:, 0]
+                s = top_s[:, 0]
+                finite = s > -np.inf
+                is_eos = (tok == eos) & finite
+                new_beam = np.zeros((n_act, 1), dtype=np.int64)
+                new_tok = np.ascontiguousarray(tok).reshape(-1, 1)
+                new_score = np.ascontiguousarray(s).reshape(-1, 1)
+                for r in np.flatnonzero(is_eos | (at_limit & finite)):
+                    b = active[r]
+                    seq = hist[r, 0, :t].tolist()
+                    if not is_eos[r]:
+                        seq.append(int(tok[r]))
+                    finished[b].append((seq, float(s[r]) / lp))
+                done = is_eos | at_limit | ~finite
+            else:
+                beam = top_i // V
+                tok = top_i - beam * V
+                finite = top_s > -np.inf
+                is_eos = tok == eos
+                eos_fin = is_eos & finite & (cand_rank[:n_cand] < K)
+                cont = finite & ~is_eos
+                csum = np.cumsum(cont, axis=1)
+                live = cont & (csum <= K)
+                n_live = np.minimum(csum[:, -1], K)
+                if n_cand < K:  # tiny vocabularies: fewer candidates than beams
+                    pad = K - n_cand
+                    live = np.pad(live, ((0, 0), (0, pad)))
+                    beam, tok = np.pad(beam, ((0, 0), (0, pad))), np.pad(tok, ((0, 0), (0, pad)))
+                    top_s = np.pad(top_s, ((0, 0), (0, pad)), constant_values=-np.inf)
+                # Live candidates first, in rank order; slots past n_live are dead beams.
+                order = np.argsort(~live, axis=1, kind="stable")[:, :K]
+                valid = slots < n_live[:, None]
+                new_beam = np.where(valid, np.take_along_axis(beam, order, axis=1), 0)
+                new_tok = np.where(valid, np.take_along_axis(tok, order, axis=1), self.pad_id)
+                new_score = np.where(valid, np.take_along_axis(top_s, order, axis=1), -np.inf)
+                new_score = new_score.astype(np.float32)
+                rows_e, ranks_e = np.nonzero(eos_fin)
+                for r, rank in zip(rows_e.tolist(), ranks_e.tolist(), strict=True):
+                    finished[active[r]].append(
+                        (hist[r, beam[r, rank], :t].tolist(), float(top_s[r, rank]) / lp)
+                    )
+                n_fin += eos_fin.sum(axis=1)
+                for r in np.flatnonzero(at_limit).tolist():
+                    b = active[r]
+                    for k in range(int(n_live[r])):
+                        seq = hist[r, new_beam[r, k], :t].tolist()
+                        seq.append(int(new_tok[r, k]))
+                        finished[b].append((seq, float(new_score[r, k]) / lp))
+                done = at_limit | (n_fin >= K) | (n_live == 0)
+            t2 = time.perf_counter()
+            stats["select_s"] += t2 - t1
+
+            if done.all():
+                break
+            keep = ~done
+            keep_pos = np.flatnonzero(keep)
+            compact = keep_pos.size < n_act
+            # Rows of the next cache: sentence-major, K per sentence, taken from their beam origins.
+            rows = ((keep_pos * kc)[:, None] + new_beam[keep_pos]).reshape(-1)
+            if not (compact or kc != K) and np.array_equal(rows, np.arange(rows.size)):
+                rows = None  # same rows in the same order: append in place
+            past = cache.advance(past, new_kv, rows, t)
+            if compact:
+                active, lim, n_fin = active[keep_pos], lim[keep_pos], n_fin[keep_pos]
+                bias, cross = self._compact_source(bias, cross, keep_pos, src_lens[active])
+                new_beam, new_tok, new_score = new_beam[keep_pos], new_tok[keep_pos], new_score[keep_pos]
+                hist = hist[keep_pos]
+            if K > 1:
+                hist = hist[np.arange(hist.shape[0])[:, None], new_beam]  # (B', K, max_len)
+            hist[:, :, t] = new_tok
+            scores = np.ascontiguousarray(new_score, dtype=np.float32)
+            tokens = new_tok.reshape(-1, 1)
+            kc = K
+            stats["reorder_s"] += time.perf_counter() - t2
+
+        cache.release()
+        stats["generate_s"] = time.perf_counter() - t_start
+        return self._results(finished, dropped, num_hypotheses)
+
+    def _compact_source(
+        self, bias: np.ndarray, cross: list[Any], keep_pos: np.ndarray, kept_src_lens: np.ndarray
+    ) -> tuple[np.ndarray, list[Any]]:
+        """Drop finished sentences from the per-sentence tensors (and trim the source axis on CPU)."""
+        if keep_pos.size == 0:
+            return bias[:0], cross
+        if self.cache.trims_source:
+            s = self._source_width(kept_src_lens)
+            if s < bias.shape[1]:
+                return np.ascontiguousarray(bias[keep_pos, :s]), self.cache.take(cross, keep_pos, s)
+        return bias[keep_pos], self.cache.take(cross, keep_pos)
+
+    def _source_width(self, lengths: np.ndarray) -> int:
+        longest = max(1, int(lengths.max()))
+        width = -(-longest // self.source_bucket) * self.source_bucket
+        return max(longest, min(width, self.max_positions or width))
+
+    @staticmethod
+    def _cancel_mask(
+        active: np.ndarray, cancelled: Callable[[], Sequence[bool]], dropped: np.ndarray
+    ) -> np.ndarray | None:
+        """Positions (within `active`) to keep, or None when nothing active was cancelled."""
+        flags = np.asarray(cancelled(), dtype=bool)
+        if flags.shape != dropped.shape:
+            raise ValueError(f"cancelled() returned {flags.size} flags for {dropped.size} inputs")
+        dropped |= flags
+        hit = flags[active]
+        if not hit.any():
+            return None
+        return np.flatnonzero(~hit)
+
+    def _drop_cancelled(
+        self, active: np.ndarray, cancelled: Callable[[], Sequence[bool]], dropped: np.ndarray
+    ) -> np.ndarray:
+        keep = self._cancel_mask(active, cancelled, dropped)
+        return active if keep is None else active[keep]
+
+    @staticmethod
+    def _results(finished: list[NBest], dropped: np.ndarray, n_best: int) -> list[NBest | None]:
+        # Stable sort: ties keep the order of finishing (step, then rank), as in the reference.
+        return [
+            None if dropped[b] else sorted(f, key=lambda h: -h[1])[:n_best] for b, f in enumerate(finished)
+        ]
+
+
+# -------------------------------------------------------------------------------------------- engine
+
+
+class Engine:
+    """Translation engine over an export bundle (see docs/engine-contract.md)."""
+
+    def __init__(
+        self,
+        bundle_dir: str | Path,
+        *,
+        variant: str = "fp32",
+        device: str = "auto",
+        intra_op_threads: int = 0,
+        io_binding: bool | None = None,
+    ) -> None:
+        self.bundle_dir = Path(bundle_dir)
+        self.manifest: dict[str, Any] = load_manifest(self.bundle_dir, variant)
+        m = self.manifest
+        self.variant = variant
+        self.name: str = m["name"]
+        self.version: str = str(m["version"])
+        self.source_language: str = m["source_language"]
+        self.target_language: str = m["target_language"]
+        self.max_source_tokens: int = int(m["max_source_tokens"])
+        self.max_beam_size: int = int(m["max_beam_size"])
+        self.max_length_cap: int = int(m["max_length_cap"])
+        dec = m["decoding"]
+        self.default_options = DecodingOptions(
+            beam_size=int(dec.get("beam_size", 4)),
+            num_hypotheses=int(dec.get("num_hypotheses", 1)),
+            max_length=int(dec.get("max_length", 0)),
+            length_penalty=float(dec.get("length_penalty", 0.6)),
+        )
+        self._ratio = float(dec.get("max_length_ratio", 1.5))
+        self._extra = int(dec.get("max_length_extra", 10))
+        tok_path = self.bundle_dir / m["tokenizer"]
+        try:
+            self.tokenizer = Tokenizer(tok_path)
+        except Exception as e:  # noqa: BLE001 - sentencepiece raises RuntimeError/OSError
+            raise BundleError(f"{tok_path}: cannot load tokenizer: {e}") from e
+        if self.tokenizer.vocab_size != int(m["vocab_size"]):
+            raise BundleError(
+                f"{tok_path}: {self.tokenizer.vocab_size} pieces, manifest vocab_size is {m['vocab_size']}"
+            )
+        ids = m["special_ids"]
+        files = m["variants"][variant]
+        self.generator = Generator(
+            self.bundle_dir / files["encoder"],
+            self.bundle_dir / files["decoder"],
+            self.bundle_dir / files["cache"],
+            device=device,
+            intra_op_threads=intra_op_threads,
+            io_binding=io_binding,
+            pad_id=int(ids["pad"]),
+            bos_id=int(ids["bos"]),
+            eos_id=int(ids["eos"]),
+            max_positions=int(m["dims"].get("max_positions", 0)) or None,
+        )
+        if self.generator.vocab_size != int(m["vocab_size"]):
+            raise BundleError(
+                f"{self.bundle_dir / files['decoder']}: vocabulary {self.generator.vocab_size}, "
+                f"manifest says {m['vocab_size']}"
+            )
+        self.providers: list[str] = list(self.generator.providers)
+        self.last_stats: dict[str, Any] = {}
+        self._lock = threading.Lock()  # one batch at a time: the generator reuses its cache buffers
+
+    # ---------------------------------------------------------------------------------------- public
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        """Source tokens per text as translate() would feed them (0 for blank texts)."""
+        cores = [t.strip() for t in texts]
+        encoded = self.tokenizer.encode_batch([c for c in cores if c])
+        it = iter(encoded)
+        return [len(next(it)) if c else 0 for c in cores]
+
+    def warmup(self) -> None:
+        """Run both graphs once (first runs allocate memory and pick kernels)."""
+        self.translate(["Hello world."], self.default_options)
+        self.translate(["Hello world.", "Open the file."], DecodingOptions(beam_size=1))
+
+    def max_output_length(self, src_len: int, options: DecodingOptions) -> int:
+        if options.max_length > 0:
+            return min(options.max_length, self.max_length_cap)
+        return min(self.max_length_cap, int(src_len * self._ratio) + self._extra)
+
+    def check_options(self, options: DecodingOptions) -> None:
+        if not 1 <= options.beam_size <= self.max_beam_size:
+            raise ValueError(f"beam_size must be in 1..{self.max_beam_size}, got {options.beam_size}")
+        if not 1 <= options.num_hypotheses <= options.beam_size:
+            raise ValueError(
+                f"num_hypotheses must be in 1..beam_size ({options.beam_size}), got {options.num_hypotheses}"
+            )
+        if options.max_length < 0:
+            raise ValueError(
+                f"max_length must be >= 0 (0 = derived from the source), got {options.max_length}"
+            )
+        if not math.isfinite(options.length_penalty) or options.length_penalty < 0:
+            raise ValueError(f"length_penalty must be a finite number >= 0, got {options.length_penalty}")
+
+    def translate(
+        self,
+        texts: list[str],
+        options: DecodingOptions | None = None,
+        cancelled: Callable[[], Sequence[bool]] | None = None,
+    ) -> list[list[Hypothesis] | None]:
+        """Translate a batch; one entry per text: the n-best list (best first) or None if cancelled.
+
+        Blank texts come back unchanged (score 0.0). Leading/trailing whitespace of each text is kept
+        around its translation. A row reported by `cancelled()` at any step boundary is dropped from the
+        batch and returns None (even if it had already finished). Raises InputTooLongError (nothing is
+        translated) if a segment is over max_source_tokens, ValueError for invalid options.
+        """
+        t_start = time.perf_counter()
+        options = self.default_options if options is None else options
+        self.check_options(options)
+        results: list[list[Hypothesis] | None] = [None] * len(texts)
+        segments: list[tuple[int, str, str]] = []  # (index, prefix, suffix)
+        cores: list[str] = []
+        for i, text in enumerate(texts):
+            core = text.strip()
+            if not core:
+                results[i] = [Hypothesis(text=text, score=0.0, tokens=[])]
+                continue
+            start = len(text) - len(text.lstrip())
+            end = len(text.rstrip())
+            segments.append((i, text[:start], text[end:]))
+            cores.append(core)
+        sources = self.tokenizer.encode_batch(cores) if cores else []
+        for (i, _, _), ids in zip(segments, sources, strict=True):
+            if len(ids) > self.max_source_tokens:
+                raise InputTooLongError(
+                    f"segment {i} has {len(ids)} source tokens, over the limit of {self.max_source_tokens} "
+                    "(max_source_tokens); split long text into sentences or paragraphs before translating"
+                )
+        t_tok = time.perf_counter()
+        seg_index = np.array([i for i, _, _ in segments], dtype=np.int64)
+        cancel_fn = None
+        if cancelled is not None:
+            n_texts = len(texts)
+
+            def cancel_fn() -> np.ndarray:
+                flags = np.asarray(cancelled(), dtype=bool)
+                if flags.shape != (n_texts,):
+                    raise ValueError(f"cancelled() returned {flags.size} flags for {n_texts} texts")
+                cancelled_rows[flags] = True
+                return flags[seg_index]
+
+            cancelled_rows = np.zeros(n_texts, dtype=bool)
+        with self._lock:
+            decoded = self.generator.generate(
+                sources,
+                beam_size=options.beam_size,
+                num_hypotheses=options.num_hypotheses,
+                length_penalty=options.length_penalty,
+                max_lengths=[self.max_output_length(len(s), options) for s in sources],
+                cancelled=cancel_fn,
+            )
+            gen_stats = dict(self.generator.last_stats)
+        t_dec = time.perf_counter()
+        flat = [h for nbest in decoded if nbest is not None for h, _ in nbest]
+        texts_out = iter(self.tokenizer.decode_batch(flat) if flat else [])
+        for (i, prefix, suffix), nbest in zip(segments, decoded, strict=True):
+            if nbest is None:
+                continue
+            results[i] = [
+                Hypothesis(text=prefix + next(texts_out) + suffix, score=score, tokens=tokens)
+                for tokens, score in nbest
+            ]
+        if cancelled is not None:
+            for i in np.flatnonzero(cancelled_rows):
+                results[i] = None
+        stats = gen_stats | {
+            "texts": len(texts),
+            "segments": len(segments),
+            "source_tokens": int(sum(len(s) for s in sources)),
+            "output_tokens": int(sum(len(h[0].tokens) for h in results if h)),
+            "tokenize_s": t_tok - t_start,
+            "detokenize_s": time.perf_counter() - t_dec,
+            "total_s": time.perf_counter() - t_start,
+        }
+        self.last_stats = stats
+        return results

@@ -1,0 +1,414 @@
+"""server/engine.py against the PyTorch reference decoders (model/decode.py) on tiny exported models."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+import torch.nn.functional as F
+
+from export import onnx_export as ox
+from model.decode import beam_search, gnmt_length_penalty, greedy_decode, max_output_length
+from server.engine import (
+    BundleError,
+    DecodingOptions,
+    Engine,
+    Generator,
+    Hypothesis,
+    InputTooLongError,
+)
+from tests.test_export import (
+    MAX_LENGTH_CAP,
+    MAX_SOURCE_TOKENS,
+    ROOT,
+    TEXTS,
+    TinyBundle,
+    batch,
+    build_tiny_bundle,
+)
+from tests.test_export import tiny_model as make_tiny_model
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyBundle:
+    return build_tiny_bundle(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny: TinyBundle) -> Engine:
+    return Engine(tiny.bundle, intra_op_threads=1)
+
+
+def reference(
+    tiny: TinyBundle, texts: list[str], k: int, n_best: int = 1
+) -> list[list[tuple[list[int], float]]]:
+    ids = tiny.tokenizer.encode_batch([t.strip() for t in texts])
+    limits = torch.tensor([max_output_length(len(s), cap=MAX_LENGTH_CAP) for s in ids])
+    return beam_search(tiny.model, batch(ids), k, limits, 0.6, n_best=n_best)
+
+
+def tokens_and_scores(result: list[Hypothesis] | None) -> list[tuple[list[int], float]]:
+    assert result is not None
+    return [(h.tokens, h.score) for h in result]
+
+
+def assert_same_nbest(got: list[tuple[list[int], float]], ref: list[tuple[list[int], float]]) -> None:
+    assert [t for t, _ in got] == [t for t, _ in ref]
+    np.testing.assert_allclose([s for _, s in got], [s for _, s in ref], atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------ basics
+
+
+def test_load_metadata_and_round_trip(engine: Engine, tiny: TinyBundle):
+    assert (engine.name, engine.version) == ("tiny-en-es", "0.0.1-test")
+    assert (engine.source_language, engine.target_language) == ("en", "es")
+    assert engine.max_source_tokens == MAX_SOURCE_TOKENS and engine.max_length_cap == MAX_LENGTH_CAP
+    assert engine.max_beam_size == 8
+    assert engine.default_options == DecodingOptions(
+        beam_size=4, num_hypotheses=1, max_length=0, length_penalty=0.6
+    )
+    assert engine.providers == ["CPUExecutionProvider"]
+    assert engine.manifest["format_version"] == 1
+    out = engine.translate(TEXTS, engine.default_options)
+    assert len(out) == len(TEXTS)
+    for nbest in out:
+        assert nbest is not None and len(nbest) == 1
+        h = nbest[0]
+        assert isinstance(h, Hypothesis) and h.score < 0
+        assert h.text == tiny.tokenizer.decode(h.tokens)
+    stats = engine.last_stats
+    for key in ("encoder_s", "decoder_s", "select_s", "reorder_s", "steps", "total_s", "tokenize_s"):
+        assert key in stats
+    assert stats["segments"] == len(TEXTS) and stats["steps"] > 0
+    engine.warmup()
+
+
+def test_engine_imports_no_torch(tiny: TinyBundle):
+    code = (
+        "import sys; from server.engine import Engine, DecodingOptions; "
+        f"e = Engine({str(tiny.bundle)!r}, intra_op_threads=1); "
+        "r = e.translate(['Open the file.'], DecodingOptions(beam_size=2)); "
+        "assert r[0][0].score < 0, r; "
+        "assert 'torch' not in sys.modules and 'grpc' not in sys.modules; print('ok')"
+    )
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+# --------------------------------------------------------------------------------- parity (tokens)
+
+
+@pytest.mark.parametrize("k,n_best", [(1, 1), (3, 3), (5, 2)])
+def test_token_identical_to_reference_beam_search(engine: Engine, tiny: TinyBundle, k: int, n_best: int):
+    out = engine.translate(TEXTS, DecodingOptions(beam_size=k, num_hypotheses=n_best))
+    ref = reference(tiny, TEXTS, k, n_best)
+    for got, want in zip(out, ref, strict=True):
+        assert_same_nbest(tokens_and_scores(got), want)
+    if k > 1:
+        assert any(len(nb) > 1 and len({len(t) for t, _ in nb}) > 1 for nb in ref)  # varied n-best lengths
+
+
+def test_greedy_equals_reference_greedy_and_beam1(engine: Engine, tiny: TinyBundle):
+    ids = tiny.tokenizer.encode_batch(TEXTS)
+    limits = torch.tensor([max_output_length(len(s), cap=MAX_LENGTH_CAP) for s in ids])
+    greedy_ref = greedy_decode(tiny.model, batch(ids), limits)
+    assert any(len(h) < int(n) for h, n in zip(greedy_ref, limits, strict=True))  # some stop at EOS
+    assert any(len(h) == int(n) for h, n in zip(greedy_ref, limits, strict=True))  # some at max length
+    fast = engine.translate(TEXTS, DecodingOptions(beam_size=1))
+    assert [r[0].tokens for r in fast] == greedy_ref
+    gen = engine.generator
+    gen.greedy_fast_path = False  # beam search machinery with K = 1
+    try:
+        slow = engine.translate(TEXTS, DecodingOptions(beam_size=1))
+    finally:
+        gen.greedy_fast_path = True
+    assert [tokens_and_scores(r) for r in slow] == [tokens_and_scores(r) for r in fast]
+    beam1 = reference(tiny, TEXTS, 1)
+    for got, want in zip(fast, beam1, strict=True):
+        assert_same_nbest(tokens_and_scores(got), want)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_each_sentence_alone_equals_inside_any_batch(engine: Engine, k: int):
+    opts = DecodingOptions(beam_size=k, num_hypotheses=k)
+    together = engine.translate(TEXTS, opts)
+    alone = [engine.translate([t], opts)[0] for t in TEXTS]
+    assert [tokens_and_scores(r) for r in alone] == [tokens_and_scores(r) for r in together]
+    order = list(range(len(TEXTS)))
+    random.Random(k).shuffle(order)
+    shuffled = engine.translate([TEXTS[i] for i in order], opts)
+    for pos, i in enumerate(order):
+        assert tokens_and_scores(shuffled[pos]) == tokens_and_scores(together[i])
+    doubled = engine.translate(TEXTS[::-1] + TEXTS, opts)
+    assert doubled[len(TEXTS) :] == together and doubled[: len(TEXTS)] == together[::-1]
+
+
+def test_per_sentence_limits_and_early_exit(engine: Engine, tiny: TinyBundle):
+    """Sentences leaving the batch early (small limits, early EOS) do not disturb the others."""
+    gen = engine.generator
+    ids = tiny.tokenizer.encode_batch(TEXTS)
+    limits = [1, 3, 40, 2, 17, 40, 5, 0]
+    together = gen.generate(ids, beam_size=3, num_hypotheses=3, max_lengths=limits)
+    stats = gen.last_stats
+    assert stats["row_steps"] < stats["steps"] * stats["max_rows"]  # finished rows left the batch
+    assert together[-1] == [([], 0.0)]  # zero budget: one empty hypothesis, as in the reference
+    for i, (src, n) in enumerate(zip(ids, limits, strict=True)):
+        assert gen.generate([src], beam_size=3, num_hypotheses=3, max_lengths=[n]) == [together[i]]
+        assert all(len(t) <= n for t, _ in together[i])
+    ref = beam_search(tiny.model, batch(ids), 3, torch.tensor(limits), 0.6, n_best=3)
+    for got, want in zip(together, ref, strict=True):
+        assert_same_nbest(got, want)
+
+
+# ----------------------------------------------------------------------- tiny vocabulary, brute force
+
+
+@pytest.fixture(scope="module")
+def vocab5(tmp_path_factory: pytest.TempPathFactory):
+    """A 5-token model (pad, bos, eos, 3, 4) exported without a tokenizer; the Generator runs it."""
+    model = make_tiny_model(5, seed=3, d_model=16, layers=1)
+    with torch.no_grad():
+        model.embed.weight.mul_(3.0)  # sharper distributions: hypothesis scores well apart
+    d = tmp_path_factory.mktemp("vocab5")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ox.export_encoder(model, d / "encoder.onnx")
+        ox.export_decoder(model, d / "decoder.onnx")
+    gen = Generator(d / "encoder.onnx", d / "decoder.onnx", intra_op_threads=1)
+    return model, gen
+
+
+def brute_force(model, src: list[int], max_len: int, alpha: float) -> list[tuple[list[int], float]]:
+    """Every hypothesis beam search can produce (EOS-terminated up to max_len, or max_len tokens without
+    EOS), scored by a full teacher-forced pass, best first."""
+    cfg = model.config
+    others = [v for v in range(cfg.vocab_size) if v != cfg.eos_id]
+    hyps = [(list(p), True) for n in range(max_len) for p in itertools.product(others, repeat=n)]
+    hyps += [(list(p), False) for p in itertools.product(others, repeat=max_len)]
+    scored = []
+    with torch.no_grad():
+        memory, pad_mask = model.encode(torch.tensor([src]))
+        for prefix, eos in hyps:
+            target = prefix + [cfg.eos_id] if eos else prefix
+            tgt_in = torch.tensor([[cfg.bos_id] + target[:-1]]) if target else None
+            total = 0.0
+            if target:
+                lp = F.log_softmax(model.decode(tgt_in, memory, pad_mask)[0].float(), dim=-1)
+                total = float(lp[torch.arange(len(target)), torch.tensor(target)].sum())
+            scored.append((prefix, total / gnmt_length_penalty(len(target), alpha)))
+    return sorted(scored, key=lambda h: -h[1])
+
+
+def test_exhaustive_beam_returns_brute_force_optimum_and_order(vocab5):
+    model, gen = vocab5
+    sources, max_len = [[3, 4, 3], [4], [3, 3]], 3
+    n_hyps = 1 + 4 + 16 + 64  # EOS after 0, 1, 2 tokens, or 3 tokens without EOS
+    got = gen.generate(
+        sources, beam_size=n_hyps, num_hypotheses=n_hyps, max_lengths=max_len, length_penalty=0.6
+    )
+    ref = beam_search(model, batch(sources), n_hyps, max_len, 0.6, n_best=n_hyps)
+    for src, nbest, want in zip(sources, got, ref, strict=True):
+        exhaustive = brute_force(model, src, max_len, 0.6)
+        gaps = np.diff([s for _, s in exhaustive])
+        assert len(exhaustive) == n_hyps and (-gaps).min() > 1e-4  # the order is well defined
+        assert_same_nbest(nbest, exhaustive)
+        assert_same_nbest(nbest, want)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 8])
+def test_tiny_vocabulary_matches_reference(vocab5, k: int):
+    """Beams wider than the candidate pool (8 beams, 5 tokens), dead beams, early EOS."""
+    model, gen = vocab5
+    sources = [[3, 4, 3, 3], [4], [3, 3], [4, 4, 4, 3, 3, 4]]
+    limits = [6, 2, 4, 9]
+    got = gen.generate(sources, beam_size=k, num_hypotheses=k, max_lengths=limits, length_penalty=1.0)
+    want = beam_search(model, batch(sources), k, torch.tensor(limits), 1.0, n_best=k)
+    for g, w in zip(got, want, strict=True):
+        assert_same_nbest(g, w)
+    if k == 1:
+        assert [g[0][0] for g in got] == greedy_decode(model, batch(sources), torch.tensor(limits))
+
+
+# ------------------------------------------------------------------------ variants and binding path
+
+
+@pytest.mark.parametrize("variant", ["int8", "fp16"])
+def test_other_variants_load_and_translate(tiny: TinyBundle, variant: str):
+    eng = Engine(tiny.bundle, variant=variant, intra_op_threads=1)
+    out = eng.translate(TEXTS[:4], DecodingOptions(beam_size=3, num_hypotheses=2))
+    for nbest in out:
+        assert nbest is not None and len(nbest) == 2
+        assert all(np.isfinite(h.score) and h.text == eng.tokenizer.decode(h.tokens) for h in nbest)
+    assert eng.generator.kv_dtype == (np.float16 if variant == "fp16" else np.float32)
+
+
+def test_iobinding_path_matches_numpy_path(engine: Engine, tiny: TinyBundle):
+    # Same search; the last bits of scores may differ (exact-length vs spare-capacity caches).
+    bound = Engine(tiny.bundle, intra_op_threads=1, io_binding=True)
+    assert type(bound.generator.cache).__name__ == "_BoundCache" and bound.generator.cache_graph
+    for k in (1, 4):
+        opts = DecodingOptions(beam_size=k, num_hypotheses=min(k, 2))
+        for got, want in zip(bound.translate(TEXTS, opts), engine.translate(TEXTS, opts), strict=True):
+            assert_same_nbest(tokens_and_scores(got), tokens_and_scores(want))
+    calls = []
+    flags = lambda: calls.append(1) or [len(calls) >= 3 and i == 1 for i in range(len(TEXTS))]  # noqa: E731
+    got = bound.translate(TEXTS, DecodingOptions(beam_size=3), flags)
+    want = engine.translate(TEXTS, DecodingOptions(beam_size=3))
+    assert got[1] is None
+    for i in (0, 2, 3, 4, 5, 6, 7):
+        assert_same_nbest(tokens_and_scores(got[i]), tokens_and_scores(want[i]))
+
+
+@pytest.mark.filterwarnings("ignore:Specified provider")
+def test_cuda_request_without_cuda_raises(tiny: TinyBundle):
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("a CUDA build of onnxruntime is installed")
+    with pytest.raises(RuntimeError, match="CUDA|cuda"):
+        Engine(tiny.bundle, device="cuda", intra_op_threads=1)
+    assert Engine(tiny.bundle, device="auto", intra_op_threads=1).providers == ["CPUExecutionProvider"]
+
+
+# ----------------------------------------------------------------------------------- cancellation
+
+
+def test_cancellation_drops_row_and_leaves_others_identical(engine: Engine):
+    opts = DecodingOptions(beam_size=4, num_hypotheses=2)
+    full = engine.translate(TEXTS, opts)
+    full_rows = engine.last_stats["row_steps"]
+    long_row = max(range(len(TEXTS)), key=lambda i: len(full[i][0].tokens))
+    calls = []
+
+    def cancelled() -> list[bool]:
+        calls.append(1)
+        return [i == long_row and len(calls) >= 3 for i in range(len(TEXTS))]
+
+    out = engine.translate(TEXTS, opts, cancelled)
+    assert out[long_row] is None
+    assert [r for i, r in enumerate(out) if i != long_row] == [r for i, r in enumerate(full) if i != long_row]
+    assert engine.last_stats["row_steps"] < full_rows  # the row really left the batch
+    assert len(calls) == engine.last_stats["steps"]  # checked at every step boundary (and before the first)
+    assert engine.translate(TEXTS[:3], opts, lambda: [True, False, True])[::2] == [None, None]
+    assert engine.translate(TEXTS[:2], opts, lambda: [True, True]) == [None, None]
+    with pytest.raises(ValueError, match="flags"):
+        engine.translate(TEXTS[:2], opts, lambda: [True])
+
+
+# ------------------------------------------------------------------------------------- real text
+
+
+def test_whitespace_and_empty_segments(engine: Engine):
+    texts = ["", "   ", "\n", " \t\n ", "  Open the file.\n", "\tSettings  ", "Yes"]
+    out = engine.translate(texts, DecodingOptions(beam_size=2))
+    for i in range(4):
+        assert out[i] == [Hypothesis(text=texts[i], score=0.0, tokens=[])]
+    core = engine.translate(["Open the file.", "Settings"], DecodingOptions(beam_size=2))
+    assert out[4][0].text == "  " + core[0][0].text + "\n" and out[4][0].tokens == core[0][0].tokens
+    assert out[5][0].text == "\t" + core[1][0].text + "  "
+    assert out[6][0].text == engine.tokenizer.decode(out[6][0].tokens)
+    assert engine.translate([], DecodingOptions()) == []
+    assert engine.count_tokens(["", "  Open the file. ", "Open the file."])[0] == 0
+    counts = engine.count_tokens(["  Open the file. ", "Open the file."])
+    assert counts[0] == counts[1] == len(engine.tokenizer.encode("Open the file."))
+
+
+def test_input_too_long(engine: Engine):
+    long_text = " ".join(["information"] * 40)
+    n = engine.count_tokens([long_text])[0]
+    assert n > MAX_SOURCE_TOKENS
+    with pytest.raises(InputTooLongError) as err:
+        engine.translate(["Yes", long_text, ""], DecodingOptions())
+    msg = str(err.value)
+    assert "segment 1" in msg and str(n) in msg and str(MAX_SOURCE_TOKENS) in msg and "split" in msg
+    assert isinstance(err.value, ValueError)
+
+
+def test_placeholders_are_single_tokens(engine: Engine):
+    tok = engine.tokenizer
+    for ph in ("%s", "{0}", "%1$s", "<b>", "%d"):
+        assert ph in tok.pieces(f"Delete {ph} now")  # one atom, never split into sub-pieces
+    text = "Delete %s from {0}?"
+    assert tok.decode(tok.encode(text)) == text
+    (hyp,) = engine.translate([text], DecodingOptions(beam_size=1))[0]
+    assert hyp.text == tok.decode(hyp.tokens)
+
+
+def test_options_validation_and_length_cap(engine: Engine):
+    with pytest.raises(ValueError, match="beam_size"):
+        engine.translate(["Yes"], DecodingOptions(beam_size=9))
+    with pytest.raises(ValueError, match="num_hypotheses"):
+        engine.translate(["Yes"], DecodingOptions(beam_size=2, num_hypotheses=3))
+    with pytest.raises(ValueError, match="max_length"):
+        engine.translate(["Yes"], DecodingOptions(max_length=-1))
+    short = engine.translate(TEXTS, DecodingOptions(beam_size=2, max_length=3))
+    assert all(len(r[0].tokens) <= 3 for r in short)
+    capped = engine.translate(TEXTS, DecodingOptions(beam_size=1, max_length=10_000))
+    assert max(len(r[0].tokens) for r in capped) <= MAX_LENGTH_CAP
+    assert engine.max_output_length(100, DecodingOptions()) == MAX_LENGTH_CAP
+    assert engine.max_output_length(4, DecodingOptions()) == max_output_length(4, cap=MAX_LENGTH_CAP) == 16
+
+
+# ---------------------------------------------------------------------------------- corrupt bundles
+
+
+@pytest.fixture()
+def bundle_copy(tiny: TinyBundle, tmp_path: Path) -> Path:
+    dst = tmp_path / "bundle"
+    shutil.copytree(tiny.bundle, dst)
+    return dst
+
+
+def test_flipped_byte_is_a_checksum_error(bundle_copy: Path):
+    path = bundle_copy / "fp32" / "decoder.onnx"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(BundleError, match=r"decoder\.onnx.*sha256"):
+        Engine(bundle_copy, intra_op_threads=1)
+
+
+def test_missing_file_is_named(bundle_copy: Path):
+    (bundle_copy / "tokenizer.model").unlink()
+    with pytest.raises(BundleError, match=r"tokenizer\.model.*missing"):
+        Engine(bundle_copy, intra_op_threads=1)
+
+
+def test_wrong_format_version_and_bad_manifest(bundle_copy: Path):
+    path = bundle_copy / "manifest.json"
+    manifest = json.loads(path.read_text())
+    path.write_text(json.dumps(manifest | {"format_version": 99}))
+    with pytest.raises(BundleError, match="format_version 99"):
+        Engine(bundle_copy, intra_op_threads=1)
+    path.write_text("{not json")
+    with pytest.raises(BundleError, match="manifest.json"):
+        Engine(bundle_copy, intra_op_threads=1)
+    path.unlink()
+    with pytest.raises(BundleError, match="missing manifest"):
+        Engine(bundle_copy, intra_op_threads=1)
+
+
+def test_unknown_variant_and_truncated_file(bundle_copy: Path):
+    with pytest.raises(BundleError, match="variant 'int4'"):
+        Engine(bundle_copy, variant="int4", intra_op_threads=1)
+    path = bundle_copy / "int8" / "encoder.onnx"
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(BundleError, match=r"int8/encoder\.onnx: size"):
+        Engine(bundle_copy, variant="int8", intra_op_threads=1)
