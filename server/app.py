@@ -1,0 +1,343 @@
+"""Wiring: gRPC server, health and reflection, metrics endpoint, model loading, graceful shutdown.
+
+Startup: the gRPC port opens first with health NOT_SERVING (Translate answers UNAVAILABLE); the model
+is resolved (exported from a checkpoint if needed), loaded and warmed up in a worker thread; then health
+turns SERVING. Shutdown: health NOT_SERVING, optional drain delay, stop accepting RPCs, let in-flight
+ones finish within the grace period, stop the engine worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from proto.gen.translator.v1 import translator_pb2_grpc as pb_grpc
+from server.auth import BearerTokenInterceptor
+from server.config import (
+    DEFAULT_BUNDLES_DIR,
+    DEFAULT_CHECKPOINT_DIR,
+    DEFAULT_MODEL_NAME,
+    REPO_ROOT,
+    ServerConfig,
+)
+from server.metrics import Metrics
+from server.scheduler import Scheduler
+from server.service import SERVICE_NAME, Backend, TranslatorService
+
+log = logging.getLogger("server")
+
+EngineFactory = Callable[[Path, ServerConfig], Any]
+
+
+# ---- logging -------------------------------------------------------------------------------------
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg and the record's `fields` extra."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            entry.update(fields)
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+def setup_logging(level: str = "INFO") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+# ---- model resolution ----------------------------------------------------------------------------
+
+
+def is_bundle(path: Path) -> bool:
+    return (path / "manifest.json").is_file()
+
+
+def is_checkpoint(path: Path) -> bool:
+    return (path / "config.json").is_file() and (path / "model.safetensors").is_file()
+
+
+def export_checkpoint(checkpoint: Path, out: Path) -> None:
+    """`python -m export --checkpoint CKPT --out OUT` in a subprocess (needs torch), atomically."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.export-tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [sys.executable, "-m", "export", "--checkpoint", str(checkpoint), "--out", str(tmp)]
+    log.info(
+        "exporting model bundle",
+        extra={"fields": {"checkpoint": str(checkpoint), "out": str(out), "cmd": " ".join(cmd)}},
+    )
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
+    if proc.returncode != 0 or not is_bundle(tmp):
+        shutil.rmtree(tmp, ignore_errors=True)
+        tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-15:]
+        raise RuntimeError(f"export of {checkpoint} failed (exit {proc.returncode}): " + "\n".join(tail))
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    log.info(
+        "exported model bundle",
+        extra={"fields": {"out": str(out), "seconds": round(time.monotonic() - start, 1)}},
+    )
+
+
+def bundle_is_stale(bundle: Path, checkpoint: Path) -> bool:
+    """True when the checkpoint's weights are newer than the bundle's manifest."""
+    return (bundle / "manifest.json").stat().st_mtime < (checkpoint / "model.safetensors").stat().st_mtime
+
+
+def _bundle_of_checkpoint(checkpoint: Path, bundle: Path) -> Path:
+    """Export `checkpoint` to `bundle` unless an up-to-date bundle is already there."""
+    if not is_bundle(bundle):
+        log.info(
+            "no bundle for the checkpoint yet: exporting",
+            extra={"fields": {"bundle": str(bundle), "checkpoint": str(checkpoint)}},
+        )
+        export_checkpoint(checkpoint, bundle)
+    elif bundle_is_stale(bundle, checkpoint):
+        log.info(
+            "checkpoint is newer than its bundle: re-exporting",
+            extra={"fields": {"bundle": str(bundle), "checkpoint": str(checkpoint)}},
+        )
+        export_checkpoint(checkpoint, bundle)
+    return bundle
+
+
+def resolve_bundle(model_dir: str, bundles_dir: str | Path = "") -> Path:
+    """A bundle dir to load: the given bundle; for a checkpoint dir, its bundle in
+    bundles_dir/<checkpoint name> (exported when missing or older than the checkpoint); with no model
+    dir, bundles/en-es-small (exported from models/en-es-small when missing or older)."""
+    root = Path(bundles_dir) if bundles_dir else DEFAULT_BUNDLES_DIR
+    if not model_dir:
+        bundle = root / DEFAULT_MODEL_NAME
+        if is_checkpoint(DEFAULT_CHECKPOINT_DIR):
+            return _bundle_of_checkpoint(DEFAULT_CHECKPOINT_DIR, bundle)
+        if is_bundle(bundle):
+            return bundle
+        raise FileNotFoundError(
+            f"no model: {bundle} has no manifest.json and {DEFAULT_CHECKPOINT_DIR} has no "
+            "config.json + model.safetensors; train a model (make train) or pass --model-dir"
+        )
+    path = Path(model_dir)
+    if is_bundle(path):
+        return path
+    if is_checkpoint(path):
+        return _bundle_of_checkpoint(path, root / path.resolve().name)
+    raise FileNotFoundError(
+        f"{path} is neither a model bundle (manifest.json) nor a checkpoint (config.json + model.safetensors)"
+    )
+
+
+def default_engine_factory(bundle_dir: Path, config: ServerConfig) -> Any:
+    from server.engine import Engine
+
+    return Engine(bundle_dir, variant=config.variant, device=config.device, intra_op_threads=config.threads)
+
+
+# ---- server --------------------------------------------------------------------------------------
+
+
+class TranslatorServer:
+    """The whole service in one object: `await start()`, `await wait_ready()`, `await stop()`."""
+
+    def __init__(self, config: ServerConfig, engine_factory: EngineFactory | None = None) -> None:
+        self.config = config
+        self.engine_factory = engine_factory or default_engine_factory
+        self.metrics = Metrics()
+        self.service = TranslatorService(
+            self.metrics,
+            max_texts=config.max_texts,
+            max_message_bytes=config.max_message_bytes,
+            max_stream_inflight=config.max_stream_inflight,
+        )
+        self.health = health.aio.HealthServicer()
+        self.server: grpc.aio.Server | None = None
+        self.scheduler: Scheduler | None = None
+        self.engine: Any = None
+        self.port = 0
+        self.metrics_port = 0
+        self.load_error: BaseException | None = None
+        self._ready = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._load_task: asyncio.Task | None = None
+        self._stopping = False
+
+    async def start(self) -> None:
+        cfg = self.config
+        interceptors = [BearerTokenInterceptor(cfg.auth_token, self.metrics)] if cfg.auth_token else []
+        self.server = grpc.aio.server(
+            interceptors=interceptors,
+            options=[
+                ("grpc.max_receive_message_length", cfg.max_message_bytes),
+                ("grpc.max_send_message_length", 4 * cfg.max_message_bytes),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        pb_grpc.add_TranslatorServicer_to_server(self.service, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (
+                SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            self.server,
+        )
+        await self._set_health(False)
+        address = f"{cfg.host}:{cfg.port}"
+        if cfg.tls_enabled:
+            creds = grpc.ssl_server_credentials(
+                [(Path(cfg.tls_key).read_bytes(), Path(cfg.tls_cert).read_bytes())],
+                root_certificates=Path(cfg.tls_client_ca).read_bytes() if cfg.tls_client_ca else None,
+                require_client_auth=bool(cfg.tls_client_ca),
+            )
+            self.port = self.server.add_secure_port(address, creds)
+        else:
+            self.port = self.server.add_insecure_port(address)
+        await self.server.start()
+        if cfg.metrics_port >= 0:
+            self.metrics_port = self.metrics.serve(cfg.metrics_host or cfg.host, cfg.metrics_port)
+        self.metrics.ready.set(0)
+        log.info(
+            "gRPC server listening",
+            extra={
+                "fields": {
+                    "host": cfg.host,
+                    "port": self.port,
+                    "tls": cfg.tls_enabled,
+                    "client_auth": bool(cfg.tls_client_ca),
+                    "token_auth": bool(cfg.auth_token),
+                    "metrics_port": self.metrics_port if cfg.metrics_port >= 0 else None,
+                }
+            },
+        )
+        self._load_task = asyncio.create_task(self._load())
+
+    async def _set_health(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)
+
+    async def _load(self) -> None:
+        cfg = self.config
+        try:
+            start = time.monotonic()
+            bundle_dir = await asyncio.to_thread(resolve_bundle, cfg.model_dir, cfg.bundles_dir)
+            log.info(
+                "loading model",
+                extra={
+                    "fields": {
+                        "bundle": str(bundle_dir),
+                        "variant": cfg.variant,
+                        "device": cfg.device,
+                        "threads": cfg.threads,
+                    }
+                },
+            )
+            engine = await asyncio.to_thread(self.engine_factory, bundle_dir, cfg)
+            if cfg.warmup:
+                await asyncio.to_thread(engine.warmup)
+            self.engine = engine
+            self.scheduler = Scheduler(
+                engine,
+                self.metrics,
+                batching=cfg.batching,
+                max_batch_tokens=cfg.max_batch_tokens,
+                max_batch_segments=cfg.max_batch_segments,
+                max_wait_ms=cfg.max_wait_ms,
+                max_queue_segments=cfg.max_queue_segments,
+            )
+            self.service.backend = Backend(engine, self.scheduler, cfg.variant, cfg.batching)
+            self.metrics.set_model(
+                name=str(engine.name),
+                version=str(engine.version),
+                variant=cfg.variant,
+                source_language=str(engine.source_language),
+                target_language=str(engine.target_language),
+                providers=[str(p) for p in engine.providers],
+            )
+            if self._stopping:
+                return
+            await self._set_health(True)
+            self.metrics.ready.set(1)
+            log.info(
+                "model ready; serving",
+                extra={
+                    "fields": {
+                        "name": engine.name,
+                        "version": engine.version,
+                        "providers": list(engine.providers),
+                        "max_source_tokens": engine.max_source_tokens,
+                        "batching": cfg.batching,
+                        "load_seconds": round(time.monotonic() - start, 2),
+                    }
+                },
+            )
+        except Exception as e:
+            self.load_error = e
+            self.service.unavailable_reason = f"the model failed to load: {e}"
+            log.error("model failed to load", exc_info=True, extra={"fields": {"error": str(e)}})
+        finally:
+            self._ready.set()
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait until the model is loaded (or failed to: raises the load error)."""
+        await asyncio.wait_for(self._ready.wait(), timeout)
+        if self.load_error is not None:
+            raise RuntimeError(f"model failed to load: {self.load_error}") from self.load_error
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain: NOT_SERVING, stop accepting, finish in-flight RPCs within `grace` seconds."""
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        grace = self.config.shutdown_grace_s if grace is None else grace
+        log.info(
+            "shutting down", extra={"fields": {"grace_s": grace, "drain_delay_s": self.config.drain_delay_s}}
+        )
+        self.service.unavailable_reason = "the server is shutting down"
+        self.metrics.ready.set(0)
+        await self._set_health(False)
+        if self.config.drain_delay_s > 0:
+            await asyncio.sleep(self.config.drain_delay_s)
+        if self.server is not None:
+            await self.server.stop(grace)
+        if self._load_task is not None and not self._load_task.done():
+            self._load_task.cancel()
+        if self.scheduler is not None:
+            await asyncio.to_thread(self.scheduler.stop, 10.0)
+        self.metrics.close()
+        self._stopped.set()
+        log.info("stopped")
+
+    async def wait_for_termination(self) -> None:
+        await self._stopped.wait()

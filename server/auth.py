@@ -1,0 +1,59 @@
+"""Bearer-token authentication as a gRPC server interceptor (health checks stay open)."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+
+import grpc
+
+from server.metrics import Metrics
+
+OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
+
+
+def _deny_handler(original: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+    async def deny(request_or_iterator, context: grpc.aio.ServicerContext):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    kwargs = {
+        "request_deserializer": original.request_deserializer,
+        "response_serializer": original.response_serializer,
+    }
+    if original.request_streaming and original.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(deny, **kwargs)
+    if original.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(deny, **kwargs)
+    if original.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(deny, **kwargs)
+    return grpc.unary_unary_rpc_method_handler(deny, **kwargs)
+
+
+class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
+    """Every RPC but grpc.health.v1 needs metadata `authorization: Bearer <token>`."""
+
+    def __init__(self, token: str, metrics: Metrics | None = None) -> None:
+        self._expected = f"Bearer {token}".encode()
+        self._metrics = metrics
+
+    async def intercept_service(
+        self,
+        continuation: Callable,
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method or ""
+        handler = await continuation(handler_call_details)
+        if handler is None or method.startswith(OPEN_PREFIXES):
+            return handler
+        presented = None
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == "authorization":
+                presented = value.encode() if isinstance(value, str) else value
+                break
+        if presented is not None and hmac.compare_digest(presented, self._expected):
+            return handler
+        if self._metrics is not None:
+            rpc = method.rsplit("/", 1)[-1] or "unknown"
+            self._metrics.requests.labels(rpc=rpc, code="UNAUTHENTICATED").inc()
+        reason = "missing" if presented is None else "invalid"
+        return _deny_handler(handler, f"{reason} bearer token: send metadata 'authorization: Bearer <token>'")

@@ -1,0 +1,175 @@
+"""Server configuration: command-line flags, each with a TRANSLATOR_* environment variable.
+
+Precedence: flag > environment variable > default. The names of the environment variables are part
+of the deployment contract (docs/service.md lists them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_BUNDLES_DIR = REPO_ROOT / "bundles"
+DEFAULT_MODEL_NAME = "en-es-small"
+DEFAULT_BUNDLE_DIR = DEFAULT_BUNDLES_DIR / DEFAULT_MODEL_NAME
+DEFAULT_CHECKPOINT_DIR = REPO_ROOT / "models" / "en-es-small"
+ENV_PREFIX = "TRANSLATOR_"
+
+
+@dataclass
+class ServerConfig:
+    model_dir: str = ""  # bundle dir (manifest.json) or checkpoint dir; "" = bundles/en-es-small
+    bundles_dir: str = ""  # where bundles exported from checkpoints go; "" = <repo>/bundles
+    host: str = "0.0.0.0"
+    port: int = 50051  # 0 = any free port
+    metrics_host: str = ""  # "" = same as host
+    metrics_port: int = 8000  # 0 = any free port, -1 = no metrics endpoint
+    variant: str = "fp32"  # fp32 | int8
+    device: str = "auto"  # auto | cpu | cuda
+    threads: int = 0  # ONNX Runtime intra-op threads; 0 = ONNX Runtime default
+    batching: bool = True  # False: every engine batch holds segments of one request only
+    max_batch_tokens: int = 4096  # padded source tokens per engine batch
+    max_batch_segments: int = 64
+    max_wait_ms: float = 10.0  # how long a segment may wait for a batch to fill
+    max_queue_segments: int = 1024  # queued (not yet decoding) segments; beyond: RESOURCE_EXHAUSTED
+    max_texts: int = 64  # texts per request
+    max_message_bytes: int = 4 * 1024 * 1024  # gRPC max receive/send message size
+    max_stream_inflight: int = 64  # unanswered items per TranslateStream call before reading pauses
+    tls_cert: str = ""  # PEM server certificate chain; with tls_key enables TLS
+    tls_key: str = ""
+    tls_client_ca: str = ""  # PEM CA bundle; set = clients must present a certificate signed by it
+    auth_token: str = ""  # set = every RPC but health needs `authorization: Bearer <token>`
+    shutdown_grace_s: float = 30.0  # how long in-flight RPCs may run after SIGTERM
+    drain_delay_s: float = 0.0  # NOT_SERVING this long before refusing new RPCs (load balancers)
+    warmup: bool = True
+    log_level: str = "INFO"
+
+    @property
+    def tls_enabled(self) -> bool:
+        return bool(self.tls_cert or self.tls_key)
+
+    def validate(self) -> None:
+        errors = []
+        if self.variant not in ("fp32", "int8"):
+            errors.append(f"variant must be fp32 or int8, got {self.variant!r}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            errors.append("TLS needs both a certificate (TRANSLATOR_TLS_CERT) and a key (TRANSLATOR_TLS_KEY)")
+        if self.tls_client_ca and not self.tls_enabled:
+            errors.append("client certificate verification (TRANSLATOR_TLS_CLIENT_CA) needs TLS cert and key")
+        for name in ("tls_cert", "tls_key", "tls_client_ca"):
+            value = getattr(self, name)
+            if value and not Path(value).is_file():
+                errors.append(f"{name}: no such file {value!r}")
+        for name in (
+            "max_batch_tokens",
+            "max_batch_segments",
+            "max_queue_segments",
+            "max_texts",
+            "max_message_bytes",
+            "max_stream_inflight",
+        ):
+            if getattr(self, name) < 1:
+                errors.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_wait_ms < 0:
+            errors.append(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
+        if self.max_texts > self.max_queue_segments:
+            errors.append(
+                f"max_texts ({self.max_texts}) must not exceed max_queue_segments ({self.max_queue_segments})"
+            )
+        if not 0 <= self.port < 65536:
+            errors.append(f"port out of range: {self.port}")
+        if errors:
+            raise ValueError("invalid configuration: " + "; ".join(errors))
+
+
+def env_name(field_name: str) -> str:
+    return ENV_PREFIX + field_name.upper()
+
+
+def _parse_bool(value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {value!r} (use true/false)")
+
+
+def _convert(kind: type, value: str):
+    if kind is bool:
+        return _parse_bool(value)
+    return kind(value)
+
+
+_TYPES = {"str": str, "int": int, "float": float, "bool": bool}
+
+HELP = {
+    "model_dir": "model bundle dir (with manifest.json) or checkpoint dir (config.json + model.safetensors, "
+    "exported to bundles/<name> first); default: bundles/en-es-small, exported from models/en-es-small "
+    "if missing",
+    "bundles_dir": "where bundles exported from checkpoint dirs are written (default: <repo>/bundles)",
+    "host": "address to listen on",
+    "port": "gRPC port (0 = any free port)",
+    "metrics_host": "address of the Prometheus /metrics endpoint (default: --host)",
+    "metrics_port": "Prometheus /metrics port (0 = any free port, -1 = disabled)",
+    "variant": "weights variant: fp32 or int8",
+    "device": "execution device: auto, cpu or cuda",
+    "threads": "ONNX Runtime intra-op threads (0 = ONNX Runtime default)",
+    "batching": "batch segments of different requests together (false: one request per engine batch)",
+    "max_batch_tokens": "padded source tokens per engine batch",
+    "max_batch_segments": "segments per engine batch",
+    "max_wait_ms": "longest wait for a batch to fill, in milliseconds",
+    "max_queue_segments": "queued segments before new requests get RESOURCE_EXHAUSTED",
+    "max_texts": "texts per request",
+    "max_message_bytes": "largest gRPC message, in bytes",
+    "max_stream_inflight": "unanswered items per TranslateStream call before the server stops reading",
+    "tls_cert": "PEM server certificate (chain); enables TLS together with --tls-key",
+    "tls_key": "PEM server private key",
+    "tls_client_ca": "PEM CA certificates; when set, clients must present a certificate signed by one",
+    "auth_token": "bearer token required on every RPC except health checks",
+    "shutdown_grace_s": "seconds in-flight RPCs may run after SIGTERM/SIGINT",
+    "drain_delay_s": "seconds to report NOT_SERVING before refusing new RPCs on shutdown",
+    "warmup": "run a warm-up translation before reporting SERVING",
+    "log_level": "DEBUG, INFO, WARNING or ERROR",
+}
+
+
+def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    env = os.environ if env is None else env
+    parser = argparse.ArgumentParser(
+        prog="python -m server",
+        description="English->Spanish translation gRPC server. Every flag can also be set with the "
+        "environment variable shown in brackets.",
+    )
+    defaults = ServerConfig()
+    for f in fields(ServerConfig):
+        kind = _TYPES[f.type] if isinstance(f.type, str) else f.type
+        flag = "--" + f.name.replace("_", "-")
+        var = env_name(f.name)
+        default = getattr(defaults, f.name)
+        if var in env:
+            try:
+                default = _convert(kind, env[var])
+            except ValueError as e:
+                parser.error(f"{var}={env[var]!r}: {e}")
+        help_text = f"{HELP.get(f.name, '')} [{var}] (default: {default!r})"
+        if kind is bool:
+            parser.add_argument(
+                flag, dest=f.name, default=default, action=argparse.BooleanOptionalAction, help=help_text
+            )
+        else:
+            parser.add_argument(flag, dest=f.name, type=kind, default=default, help=help_text)
+    return parser
+
+
+def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> ServerConfig:
+    """Flags over TRANSLATOR_* environment variables over defaults; validated."""
+    args = build_parser(env).parse_args(argv)
+    config = ServerConfig(**vars(args))
+    config.log_level = config.log_level.upper()
+    config.validate()
+    return config

@@ -1,0 +1,156 @@
+"""Prometheus metrics of the translation server (prefix ``translator_``, base units).
+
+Each server instance owns a CollectorRegistry, so several servers can live in one process (tests).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+    start_http_server,
+)
+
+log = logging.getLogger(__name__)
+
+# Translation latencies: a few ms (short segment, idle server) to tens of seconds (long beams, overload).
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
+QUEUE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+BATCH_SEGMENT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BATCH_TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None, process_metrics: bool = True) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        if process_metrics:
+            ProcessCollector(registry=r)
+            PlatformCollector(registry=r)
+            GCCollector(registry=r)
+        self.requests = Counter(
+            "translator_requests",
+            "Finished RPCs by method and gRPC status code (TranslateStream: per call).",
+            ["rpc", "code"],
+            registry=r,
+        )
+        self.stream_items = Counter(
+            "translator_stream_items",
+            "Finished TranslateStream items by gRPC status code.",
+            ["code"],
+            registry=r,
+        )
+        self.request_latency = Histogram(
+            "translator_request_duration_seconds",
+            "Time from receipt to answer of Translate calls and TranslateStream items.",
+            ["rpc"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "translator_queue_wait_seconds",
+            "Time a segment waited in the queue before its engine batch.",
+            buckets=QUEUE_BUCKETS,
+            registry=r,
+        )
+        self.batch_segments = Histogram(
+            "translator_batch_segments",
+            "Segments per engine batch.",
+            buckets=BATCH_SEGMENT_BUCKETS,
+            registry=r,
+        )
+        self.batch_tokens = Histogram(
+            "translator_batch_tokens",
+            "Source tokens per engine batch (without padding).",
+            buckets=BATCH_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.batch_decode = Histogram(
+            "translator_batch_decode_seconds",
+            "Engine time per batch (encode + decode).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.input_tokens = Counter(
+            "translator_input_tokens", "Source tokens of translated segments.", registry=r
+        )
+        self.generated_tokens = Counter(
+            "translator_generated_tokens",
+            "Generated target tokens (best hypothesis) of translated segments.",
+            registry=r,
+        )
+        self.segments = Counter(
+            "translator_segments", "Segments leaving the scheduler, by outcome.", ["outcome"], registry=r
+        )
+        self.in_flight = Gauge(
+            "translator_requests_in_flight",
+            "Translate calls and TranslateStream items being served.",
+            registry=r,
+        )
+        self.queue_segments = Gauge(
+            "translator_queue_segments", "Segments waiting for an engine batch.", registry=r
+        )
+        self.queue_tokens = Gauge(
+            "translator_queue_tokens",
+            "Source tokens of the segments waiting for an engine batch.",
+            registry=r,
+        )
+        self.engine_errors = Counter(
+            "translator_engine_errors", "Engine batches that raised an error.", registry=r
+        )
+        self.model_info = Gauge(
+            "translator_model_info",
+            "The loaded model (value 1).",
+            ["name", "version", "variant", "source_language", "target_language", "providers"],
+            registry=r,
+        )
+        self.ready = Gauge(
+            "translator_ready", "1 when the model is loaded and the server is SERVING, else 0.", registry=r
+        )
+        self._http = None
+        self._thread: threading.Thread | None = None
+
+    def set_model(
+        self,
+        *,
+        name: str,
+        version: str,
+        variant: str,
+        source_language: str,
+        target_language: str,
+        providers: list[str],
+    ) -> None:
+        self.model_info.clear()
+        self.model_info.labels(
+            name=name,
+            version=version,
+            variant=variant,
+            source_language=source_language,
+            target_language=target_language,
+            providers=",".join(providers),
+        ).set(1)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def serve(self, host: str, port: int) -> int:
+        """Start the /metrics HTTP endpoint in a daemon thread; return the bound port."""
+        self._http, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        bound = self._http.server_port
+        log.info("metrics endpoint listening", extra={"fields": {"host": host, "port": bound}})
+        return bound
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None

@@ -1,0 +1,422 @@
+"""gRPC transport: Translator handlers, request validation and status codes.
+
+Handlers never touch ONNX: they validate, hand segments to the scheduler and turn results and errors
+into protobuf messages and gRPC status codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import grpc
+
+from proto.gen.translator.v1 import translator_pb2 as pb
+from proto.gen.translator.v1 import translator_pb2_grpc as pb_grpc
+from server.metrics import Metrics
+from server.scheduler import (
+    EngineFailure,
+    InvalidInput,
+    Job,
+    QueueFullError,
+    RequestCancelled,
+    Scheduler,
+    SchedulerStopped,
+)
+
+log = logging.getLogger("server.requests")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name  # "translator.v1.Translator"
+RETRY_AFTER_KEY = "retry-after-ms"
+REQUEST_ID_KEY = "x-request-id"
+
+
+class RpcFailure(Exception):
+    """An error answer: gRPC status code, message and trailing metadata."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, trailers: Sequence[tuple[str, str]] = ()) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.trailers = tuple(trailers)
+
+
+def invalid(message: str) -> RpcFailure:
+    return RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+@dataclass
+class Backend:
+    """What the handlers need once the model is loaded."""
+
+    engine: Any  # server.engine.Engine
+    scheduler: Scheduler
+    variant: str
+    batching: bool
+
+
+# ---- validation ----------------------------------------------------------------------------------
+
+
+def resolve_options(opts: pb.DecodingOptions, engine: Any) -> tuple[Any, bool]:
+    """Proto options -> (engine DecodingOptions with bundle defaults filled in, return_scores)."""
+    defaults = engine.default_options
+    max_beam = int(engine.max_beam_size)
+    cap = int(engine.max_length_cap)
+    if opts.beam_size < 0:
+        raise invalid(
+            f"options.beam_size must be >= 0 (0 = model default {defaults.beam_size}), got {opts.beam_size}"
+        )
+    beam = opts.beam_size or defaults.beam_size
+    if beam > max_beam:
+        raise invalid(f"options.beam_size={beam} is above the maximum beam size {max_beam}")
+    if opts.num_hypotheses < 0:
+        raise invalid(f"options.num_hypotheses must be >= 0 (0 = model default), got {opts.num_hypotheses}")
+    n_best = opts.num_hypotheses or min(defaults.num_hypotheses, beam)
+    if n_best > beam:
+        raise invalid(
+            f"options.num_hypotheses={n_best} is larger than the beam size {beam}; "
+            f"raise options.beam_size to at least {n_best} or ask for fewer hypotheses"
+        )
+    if opts.max_length < 0:
+        raise invalid(
+            f"options.max_length must be >= 0 (0 = derived from the source length), got {opts.max_length}"
+        )
+    if opts.max_length > cap:
+        raise invalid(f"options.max_length={opts.max_length} is above the model's cap of {cap} tokens")
+    max_length = opts.max_length or defaults.max_length
+    if opts.HasField("length_penalty"):
+        alpha = float(opts.length_penalty)
+        if not math.isfinite(alpha) or alpha < 0:
+            raise invalid(f"options.length_penalty must be a finite number >= 0, got {alpha}")
+        alpha = round(alpha, 6)  # float32 on the wire: 0.6 arrives as 0.60000002
+    else:
+        alpha = defaults.length_penalty
+    options = replace(
+        defaults, beam_size=beam, num_hypotheses=n_best, max_length=max_length, length_penalty=alpha
+    )
+    return options, bool(opts.return_scores)
+
+
+def validate_texts(texts: Sequence[str], engine: Any, max_texts: int) -> list[int]:
+    """Check the text count and each segment's length; return token counts."""
+    if not texts:
+        raise invalid("texts is empty: send at least one text to translate")
+    if len(texts) > max_texts:
+        raise invalid(
+            f"too many texts: {len(texts)} in one request, the limit is {max_texts}; "
+            "split them over several requests"
+        )
+    counts = [int(n) for n in engine.count_tokens(list(texts))]
+    limit = int(engine.max_source_tokens)
+    for i, n in enumerate(counts):
+        if n > limit:
+            raise invalid(
+                f"texts[{i}] is {n} tokens long, the limit is {limit} tokens per segment; "
+                "split it into shorter segments (e.g. sentences)"
+            )
+    return counts
+
+
+def to_translations(results: list, return_scores: bool) -> list[pb.Translation]:
+    out = []
+    for hyps in results:
+        t = pb.Translation()
+        for h in hyps:
+            if return_scores:
+                t.hypotheses.add(text=h.text, score=float(h.score))
+            else:
+                t.hypotheses.add(text=h.text)
+        out.append(t)
+    return out
+
+
+def options_to_proto(options: Any) -> pb.DecodingOptions:
+    return pb.DecodingOptions(
+        beam_size=options.beam_size,
+        num_hypotheses=options.num_hypotheses,
+        max_length=options.max_length,
+        length_penalty=options.length_penalty,
+    )
+
+
+# ---- handlers ------------------------------------------------------------------------------------
+
+
+def _code_name(code: grpc.StatusCode) -> str:
+    return code.name
+
+
+def _deadline(context: grpc.aio.ServicerContext, extra_timeout_ms: int = 0) -> float | None:
+    now = time.monotonic()
+    deadline = None
+    remaining = context.time_remaining()
+    if remaining is not None:
+        deadline = now + max(0.0, remaining)
+    if extra_timeout_ms > 0:
+        item = now + extra_timeout_ms / 1000.0
+        deadline = item if deadline is None else min(deadline, item)
+    return deadline
+
+
+def _request_id(context: grpc.aio.ServicerContext) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == REQUEST_ID_KEY and value:
+            return str(value)[:64]
+    return uuid.uuid4().hex[:16]
+
+
+def _cancel_code(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0.001:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    return grpc.StatusCode.CANCELLED
+
+
+class TranslatorService(pb_grpc.TranslatorServicer):
+    def __init__(
+        self, metrics: Metrics, *, max_texts: int, max_message_bytes: int, max_stream_inflight: int
+    ) -> None:
+        self.metrics = metrics
+        self.max_texts = max_texts
+        self.max_message_bytes = max_message_bytes
+        self.max_stream_inflight = max_stream_inflight
+        self.backend: Backend | None = None
+        self.unavailable_reason = "the model is loading; retry shortly"
+
+    def _backend(self) -> Backend:
+        if self.backend is None:
+            raise RpcFailure(grpc.StatusCode.UNAVAILABLE, self.unavailable_reason)
+        return self.backend
+
+    async def _translate(
+        self,
+        texts: Sequence[str],
+        options: pb.DecodingOptions,
+        deadline: float | None,
+        request_id: str,
+        stats: dict,
+    ) -> list[pb.Translation]:
+        """Validate, run through the scheduler, convert; raises RpcFailure."""
+        backend = self._backend()
+        stats["segments"] = len(texts)
+        token_counts = validate_texts(texts, backend.engine, self.max_texts)
+        engine_options, return_scores = resolve_options(options, backend.engine)
+        stats["input_tokens"] = sum(token_counts)
+        job = Job(list(texts), token_counts, engine_options, deadline=deadline, request_id=request_id)
+        try:
+            await backend.scheduler.run(job)
+        except QueueFullError as e:
+            raise RpcFailure(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), [(RETRY_AFTER_KEY, str(e.retry_after_ms))]
+            ) from None
+        except RequestCancelled as e:
+            code = grpc.StatusCode.DEADLINE_EXCEEDED if e.reason == "deadline" else grpc.StatusCode.CANCELLED
+            raise RpcFailure(code, str(e)) from None
+        except InvalidInput as e:
+            raise invalid(str(e)) from None
+        except EngineFailure as e:
+            raise RpcFailure(grpc.StatusCode.INTERNAL, str(e)) from None
+        except SchedulerStopped as e:
+            raise RpcFailure(grpc.StatusCode.UNAVAILABLE, str(e)) from None
+        finally:
+            stats["queue_ms"] = round(job.queue_s * 1000, 2)
+            stats["decode_ms"] = round(job.decode_s * 1000, 2)
+        stats["output_tokens"] = job.output_tokens
+        return to_translations(job.results, return_scores)
+
+    def _record(
+        self,
+        rpc: str,
+        request_id: str,
+        code: grpc.StatusCode,
+        start: float,
+        stats: dict,
+        message: str = "",
+        item: bool = False,
+    ) -> None:
+        elapsed = time.monotonic() - start
+        if item:
+            self.metrics.stream_items.labels(code=_code_name(code)).inc()
+        else:
+            self.metrics.requests.labels(rpc=rpc, code=_code_name(code)).inc()
+        if rpc in ("Translate", "TranslateStream"):
+            self.metrics.request_latency.labels(rpc=rpc).observe(elapsed)
+        fields = {"id": request_id, "rpc": rpc, "status": _code_name(code), "ms": round(elapsed * 1000, 2)}
+        fields.update(stats)
+        if message and code != grpc.StatusCode.OK:
+            fields["error"] = message
+        log.info("request", extra={"fields": fields})
+
+    async def Translate(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext):
+        start = time.monotonic()
+        request_id = _request_id(context)
+        stats: dict = {"segments": len(request.texts)}
+        self.metrics.in_flight.inc()
+        try:
+            translations = await self._translate(
+                request.texts, request.options, _deadline(context), request_id, stats
+            )
+        except RpcFailure as f:
+            self.metrics.in_flight.dec()
+            self._record("Translate", request_id, f.code, start, stats, f.message)
+            await context.abort(f.code, f.message, trailing_metadata=f.trailers)
+        except asyncio.CancelledError:
+            self.metrics.in_flight.dec()
+            self._record("Translate", request_id, _cancel_code(context), start, stats, "cancelled by client")
+            raise
+        except Exception as e:
+            self.metrics.in_flight.dec()
+            log.exception("unexpected error in Translate")
+            self._record("Translate", request_id, grpc.StatusCode.INTERNAL, start, stats, repr(e))
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {e}")
+        self.metrics.in_flight.dec()
+        self._record("Translate", request_id, grpc.StatusCode.OK, start, stats)
+        return pb.TranslateResponse(translations=translations)
+
+    async def _stream_item(
+        self, req: pb.TranslateStreamRequest, context: grpc.aio.ServicerContext, call_id: str
+    ) -> pb.TranslateStreamResponse:
+        start = time.monotonic()
+        stats: dict = {"segments": len(req.texts), "call": call_id}
+        item_id = req.request_id or "-"
+        if req.timeout_ms < 0:
+            failure: RpcFailure | None = invalid(f"timeout_ms must be >= 0, got {req.timeout_ms}")
+        else:
+            failure = None
+        self.metrics.in_flight.inc()
+        try:
+            if failure is not None:
+                raise failure
+            translations = await self._translate(
+                req.texts, req.options, _deadline(context, req.timeout_ms), item_id, stats
+            )
+        except RpcFailure as f:
+            self._record("TranslateStream", item_id, f.code, start, stats, f.message, item=True)
+            retry = next((int(v) for k, v in f.trailers if k == RETRY_AFTER_KEY), 0)
+            return pb.TranslateStreamResponse(
+                request_id=req.request_id,
+                status=pb.ItemStatus(code=f.code.value[0], message=f.message, retry_after_ms=retry),
+            )
+        except asyncio.CancelledError:
+            self._record(
+                "TranslateStream", item_id, _cancel_code(context), start, stats, "stream cancelled", item=True
+            )
+            raise
+        except Exception as e:
+            log.exception("unexpected error in TranslateStream item")
+            self._record(
+                "TranslateStream", item_id, grpc.StatusCode.INTERNAL, start, stats, repr(e), item=True
+            )
+            return pb.TranslateStreamResponse(
+                request_id=req.request_id,
+                status=pb.ItemStatus(code=grpc.StatusCode.INTERNAL.value[0], message=f"internal error: {e}"),
+            )
+        finally:
+            self.metrics.in_flight.dec()
+        self._record("TranslateStream", item_id, grpc.StatusCode.OK, start, stats, item=True)
+        return pb.TranslateStreamResponse(
+            request_id=req.request_id, translations=translations, status=pb.ItemStatus(code=0)
+        )
+
+    async def TranslateStream(
+        self, request_iterator: AsyncIterator[pb.TranslateStreamRequest], context: grpc.aio.ServicerContext
+    ):
+        start = time.monotonic()
+        call_id = _request_id(context)
+        out: asyncio.Queue = asyncio.Queue()
+        slots = asyncio.Semaphore(self.max_stream_inflight)
+        tasks: set[asyncio.Task] = set()
+        done_reading = object()
+        counts = {"items": 0}
+
+        async def item(req: pb.TranslateStreamRequest) -> None:
+            await out.put(await self._stream_item(req, context, call_id))
+
+        async def reader() -> None:
+            try:
+                async for req in request_iterator:
+                    await slots.acquire()  # flow control: stop reading while too many are unanswered
+                    counts["items"] += 1
+                    task = asyncio.create_task(item(req))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                while tasks:
+                    await asyncio.gather(*list(tasks), return_exceptions=True)
+                await out.put(done_reading)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the request stream broke
+                await out.put(e)
+
+        reader_task = asyncio.create_task(reader())
+        code, message = grpc.StatusCode.OK, ""
+        try:
+            while True:
+                msg = await out.get()
+                if msg is done_reading:
+                    break
+                if isinstance(msg, Exception):
+                    code, message = grpc.StatusCode.CANCELLED, f"request stream failed: {msg}"
+                    break
+                yield msg
+                slots.release()
+        except asyncio.CancelledError:
+            code, message = _cancel_code(context), "cancelled by client"
+            raise
+        except BaseException as e:
+            code, message = grpc.StatusCode.INTERNAL, repr(e)
+            raise
+        finally:
+            reader_task.cancel()
+            for task in list(tasks):
+                task.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.gather(reader_task, *list(tasks), return_exceptions=True)
+            self.metrics.requests.labels(rpc="TranslateStream", code=_code_name(code)).inc()
+            fields = {
+                "id": call_id,
+                "rpc": "TranslateStream",
+                "status": _code_name(code),
+                "items": counts["items"],
+                "ms": round((time.monotonic() - start) * 1000, 2),
+            }
+            if message:
+                fields["error"] = message
+            log.info("stream", extra={"fields": fields})
+
+    async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext):
+        start = time.monotonic()
+        request_id = _request_id(context)
+        try:
+            backend = self._backend()
+        except RpcFailure as f:
+            self._record("GetModelInfo", request_id, f.code, start, {}, f.message)
+            await context.abort(f.code, f.message)
+        e = backend.engine
+        response = pb.GetModelInfoResponse(
+            name=str(e.name),
+            version=str(e.version),
+            source_language=str(e.source_language),
+            target_language=str(e.target_language),
+            limits=pb.Limits(
+                max_texts_per_request=self.max_texts,
+                max_source_tokens=int(e.max_source_tokens),
+                max_beam_size=int(e.max_beam_size),
+                max_length=int(e.max_length_cap),
+                max_request_bytes=self.max_message_bytes,
+            ),
+            default_options=options_to_proto(e.default_options),
+            execution_providers=[str(p) for p in e.providers],
+            variant=backend.variant,
+            batching=backend.batching,
+        )
+        self._record("GetModelInfo", request_id, grpc.StatusCode.OK, start, {})
+        return response

@@ -1,0 +1,197 @@
+"""Client library (sync and asyncio), CLI and load generator against real servers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+
+from client import AsyncTranslatorClient, StreamItem, TranslatorClient, TranslatorError
+from client.load import load_sentences, percentile, run_load
+from tests.conftest import REPO_ROOT, free_port
+
+LINES = [
+    "Open the file",
+    "Save changes to the document before closing?",
+    "",
+    "Do you want to continue?",
+    "First line\\nsecond line",  # escaped newline inside one segment (--escaped)
+    "Print",
+]
+
+
+def cli(*args: str, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "client", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=timeout,
+    )
+
+
+def test_cli_arguments(tiny_server):
+    p = cli("--target", tiny_server.target, "--max-length", "6", "--scores", "Open the file", "Print")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert len(lines) == 2
+    score, text = lines[0].split("\t")
+    assert float(score) <= 0 and text
+
+
+def test_cli_stdin_keeps_order_in_batches(tiny_server):
+    lines = LINES * 7  # 42 lines, 7 per request, 3 requests in flight
+    p = cli(
+        "--target",
+        tiny_server.target,
+        "--max-length",
+        "6",
+        "--batch-size",
+        "7",
+        "--parallel",
+        "3",
+        "--escaped",
+        stdin="\n".join(lines) + "\n",
+    )
+    assert p.returncode == 0, p.stderr
+    out = p.stdout.split("\n")[:-1]
+    assert len(out) == len(lines)
+    with TranslatorClient(tiny_server.target) as c:
+        expected = c.translate([t.replace("\\n", "\n") for t in LINES], max_length=6)
+    for i, line in enumerate(out):
+        assert line == expected[i % len(LINES)].text.replace("\\", "\\\\").replace("\n", "\\n")
+    assert out[2] == ""  # empty line -> empty translation
+
+
+def test_cli_info(tiny_server):
+    p = cli("--target", tiny_server.target, "--info")
+    assert p.returncode == 0 and 'name: "tiny-test"' in p.stdout
+
+
+def test_cli_exit_codes(tiny_server, start_server, tiny_bundle):
+    down = cli("--target", f"127.0.0.1:{free_port()}", "--retries", "1", "--timeout", "5", "hello")
+    assert down.returncode == 3 and "cannot reach" in down.stderr
+    bad = cli("--target", tiny_server.target, "--beam-size", "99", "hello")
+    assert bad.returncode == 4 and "beam_size=99" in bad.stderr
+    slow = cli(
+        "--target",
+        tiny_server.target,
+        "--beam-size",
+        "8",
+        "--max-length",
+        "256",
+        "--batch-size",
+        "16",
+        "--timeout",
+        "0.3",
+        stdin="\n".join(["Open the file and save it"] * 16),
+    )
+    assert slow.returncode == 5 and "deadline" in slow.stderr
+    secured = start_server(tiny_bundle, auth_token="abc")
+    denied = cli("--target", secured.target, "hello")
+    assert denied.returncode == 7 and "--token" in denied.stderr
+    ok = cli("--target", secured.target, "--token", "abc", "--max-length", "4", "hello")
+    assert ok.returncode == 0 and ok.stdout.strip()
+
+
+def test_retries_back_off_on_unavailable():
+    t0 = time.monotonic()
+    with TranslatorClient(f"127.0.0.1:{free_port()}", retries=3, backoff=0.1, timeout=20) as c:
+        with pytest.raises(TranslatorError) as e:
+            c.translate(["hello"])
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE
+    assert time.monotonic() - t0 >= 0.35  # 0.05-0.1 + 0.1-0.2 + 0.2-0.4 s of backoff
+
+
+def test_async_client(tiny_server):
+    async def main():
+        async with AsyncTranslatorClient(tiny_server.target, timeout=30) as c:
+            assert await c.health() == "SERVING"
+            info = await c.model_info()
+            one = await c.translate_text("Open the file", max_length=6)
+            many = await asyncio.gather(*(c.translate([t], max_length=6) for t in ["Open the file", "Print"]))
+            stream = [
+                r
+                async for r in c.translate_stream(
+                    [
+                        StreamItem("x", ["Open the file"], max_length=6),
+                        StreamItem("y", ["Print"], beam_size=99),
+                    ]
+                )
+            ]
+            with pytest.raises(TranslatorError) as e:
+                await c.translate(["x"], num_hypotheses=5, beam_size=2)
+            return info, one, many, stream, e.value
+
+    info, one, many, stream, error = asyncio.run(main())
+    assert info.name == "tiny-test"
+    assert one == many[0][0].text
+    by_id = {r.request_id: r for r in stream}
+    assert by_id["x"].ok and by_id["x"].translations[0].text == one
+    assert by_id["y"].code == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_percentile():
+    values = list(range(1, 101))
+    assert percentile(values, 50) == 50 and percentile(values, 95) == 95 and percentile(values, 99) == 99
+    assert percentile([3.0], 99) == 3.0
+
+
+def test_load_generator(tiny_server):
+    sentences = load_sentences()
+    assert len(sentences) >= 10 and all(s.strip() for s in sentences)
+
+    async def main():
+        async with AsyncTranslatorClient(tiny_server.target, timeout=30) as c:
+            closed = await run_load(c, sentences, duration=1.0, concurrency=4, options={"max_length": 8})
+            opened = await run_load(c, sentences, duration=1.0, rate=20, options={"max_length": 8})
+            return closed, opened
+
+    closed, opened = asyncio.run(main())
+    for report in (closed, opened):
+        assert report.ok > 0 and not report.errors
+        lat = report.latency_ms
+        assert lat["p50"] <= lat["p95"] <= lat["p99"] <= lat["max"]
+    assert 10 <= opened.requests <= 21
+
+
+def test_load_cli_json_compares_targets(tiny_server):
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "client.load",
+            "--target",
+            tiny_server.target,
+            "--target",
+            tiny_server.target,
+            "--label",
+            "a",
+            "--label",
+            "b",
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0",
+            "--concurrency",
+            "2",
+            "--max-length",
+            "6",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    reports = json.loads(p.stdout)
+    assert [r["label"] for r in reports] == ["a", "b"]
+    assert all(r["ok"] > 0 and r["throughput_rps"] > 0 and "p99" in r["latency_ms"] for r in reports)

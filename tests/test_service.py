@@ -1,0 +1,495 @@
+"""The gRPC service end to end: real servers on 127.0.0.1, real engine and bundles, real clients."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from client import StreamItem, TranslatorClient, TranslatorError
+from proto.gen.translator.v1 import translator_pb2 as pb
+from proto.gen.translator.v1 import translator_pb2_grpc as pb_grpc
+from tests.conftest import wait_serving
+
+SENTENCES = [
+    "Open the file",
+    "Save changes to the document before closing?",
+    "Do you want to continue?",
+    "The file could not be found.",
+    "Print the current page",
+    "Delete the selected items",
+    "Check for updates",
+    "Connection to the server failed.",
+    "Show hidden files",
+    "Create a new folder",
+    "Enter your password",
+    "Restart the application to apply the changes.",
+]
+# Tiny random model: decodes to max_length, so this keeps the engine busy for seconds.
+LONG = dict(beam_size=8, max_length=256)
+LONG_TEXTS = SENTENCES[:8] * 4
+
+
+def wait_for(predicate, timeout: float = 10, interval: float = 0.05) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+# ---- shipped model, end to end ----------------------------------------------------------------------
+
+
+def test_translate(shipped_server, client_for):
+    c = client_for(shipped_server)
+    texts = ["Open the file", "", "  Save changes to the document?  "]
+    out = c.translate(texts)
+    assert len(out) == 3
+    assert out[0].text.strip() and out[0].text != texts[0]
+    assert out[1].text == ""
+    assert out[2].text.startswith("  ") and out[2].text.endswith("  ") and out[2].text.strip()
+    assert all(len(t.hypotheses) == 1 and t.hypotheses[0].score is None for t in out)
+
+    nbest = c.translate(["Do you want to continue?"], beam_size=4, num_hypotheses=3, return_scores=True)[0]
+    scores = [h.score for h in nbest.hypotheses]
+    assert len(scores) == 3 and all(s is not None and s <= 0 for s in scores)
+    assert scores == sorted(scores, reverse=True)
+    greedy = c.translate(["Do you want to continue?"], beam_size=1, length_penalty=0.0)[0]
+    assert greedy.text.strip()
+
+
+def test_translate_stream(shipped_server, client_for):
+    c = client_for(shipped_server)
+    items = [StreamItem(f"r{i}", [s]) for i, s in enumerate(SENTENCES[:5])]
+    items.insert(2, StreamItem("bad-beam", ["Open the file"], beam_size=99))
+    items.insert(4, StreamItem("empty", []))
+    results = {r.request_id: r for r in c.translate_stream(items)}
+    assert set(results) == {i.request_id for i in items}
+    assert results["bad-beam"].code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "beam_size=99" in results["bad-beam"].message
+    assert results["empty"].code == grpc.StatusCode.INVALID_ARGUMENT
+    unary = c.translate(SENTENCES[:5])
+    for i in range(5):
+        r = results[f"r{i}"]
+        assert r.ok and len(r.translations) == 1
+        assert r.translations[0].text == unary[i].text
+
+
+def test_get_model_info(shipped_server, client_for):
+    info = client_for(shipped_server).model_info()
+    assert info.name and info.version
+    assert (info.source_language, info.target_language) == ("en", "es")
+    assert info.limits.max_texts_per_request == shipped_server.config.max_texts
+    assert info.limits.max_source_tokens > 0 and info.limits.max_beam_size >= 1 and info.limits.max_length > 0
+    assert info.default_options.beam_size >= 1 and info.default_options.num_hypotheses >= 1
+    assert info.default_options.HasField("length_penalty")
+    assert "CPUExecutionProvider" in info.execution_providers
+    assert info.variant == "fp32" and info.batching
+
+
+def test_health_and_reflection(shipped_server):
+    from google.protobuf.descriptor_pool import DescriptorPool
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    with grpc.insecure_channel(shipped_server.target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "translator.v1.Translator"):
+            r = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert r.status == health_pb2.HealthCheckResponse.SERVING
+        db = ProtoReflectionDescriptorDatabase(channel)
+        services = set(db.get_services())
+        assert {"translator.v1.Translator", "grpc.health.v1.Health"} <= services
+        service = DescriptorPool(db).FindServiceByName("translator.v1.Translator")
+        assert {m.name for m in service.methods} == {"Translate", "TranslateStream", "GetModelInfo"}
+
+
+def test_concurrent_clients_get_solo_results_and_batches_fill(shipped_server, client_for):
+    solo_client = client_for(shipped_server)
+    solo = [solo_client.translate([s])[0].text for s in SENTENCES]
+
+    def batch_counts() -> tuple[float, float]:
+        """(engine batches, batches with more than one segment) so far."""
+        total = shipped_server.sample("translator_batch_segments_count")
+        return total, total - shipped_server.sample("translator_batch_segments_bucket", le="1.0")
+
+    batches_before, multi_before = batch_counts()
+    barrier = threading.Barrier(len(SENTENCES))
+
+    def one(i: int) -> str:
+        with TranslatorClient(shipped_server.target, timeout=60) as c:  # one channel per client
+            c.health()
+            barrier.wait(10)
+            return c.translate([SENTENCES[i]])[0].text
+
+    with ThreadPoolExecutor(len(SENTENCES)) as pool:
+        together = list(pool.map(one, range(len(SENTENCES))))
+    assert together == solo
+    batches, multi = batch_counts()
+    batches, multi = batches - batches_before, multi - multi_before
+    assert batches < len(SENTENCES), "concurrent requests were not batched"
+    assert multi >= 1, "no engine batch held more than one segment"
+    assert wait_for(lambda: shipped_server.sample("translator_requests_in_flight") == 0)
+
+
+def test_stream_with_many_items_and_flow_control(start_server, tiny_bundle, client_for):
+    server = start_server(tiny_bundle, max_stream_inflight=4)
+    items = [StreamItem(f"id-{i}", [SENTENCES[i % len(SENTENCES)]], max_length=4) for i in range(60)]
+    items[10] = StreamItem("late", ["Open the file"], timeout_ms=-1)
+    results = list(client_for(server).translate_stream(iter(items)))
+    assert sorted(r.request_id for r in results) == sorted(i.request_id for i in items)
+    assert sum(r.ok for r in results) == 59
+    assert next(r for r in results if r.request_id == "late").code == grpc.StatusCode.INVALID_ARGUMENT
+    assert server.sample("translator_stream_items_total", code="OK") == 59
+    assert server.sample("translator_requests_total", rpc="TranslateStream", code="OK") == 1
+
+
+# ---- validation (tiny model) -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("texts", "options", "expected"),
+    [
+        ([], {}, "texts is empty"),
+        (["x"] * 17, {}, "too many texts: 17 in one request, the limit is 16"),
+        (["ok", "word " * 400], {}, "texts[1] is"),
+        (["ok"], {"beam_size": 9}, "beam_size=9 is above the maximum beam size 8"),
+        (["ok"], {"beam_size": -1}, "beam_size must be >= 0"),
+        (["ok"], {"beam_size": 2, "num_hypotheses": 3}, "num_hypotheses=3 is larger than the beam size 2"),
+        (["ok"], {"max_length": -5}, "max_length must be >= 0"),
+        (["ok"], {"max_length": 100000}, "above the model's cap"),
+        (["ok"], {"length_penalty": -0.5}, "length_penalty must be a finite number >= 0"),
+    ],
+)
+def test_validation_errors(tiny_server, client_for, texts, options, expected):
+    c = client_for(tiny_server, retries=0)
+    with pytest.raises(TranslatorError) as e:
+        c.translate(texts, **options)
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert expected in e.value.details
+    if expected == "texts[1] is":
+        assert "tokens long, the limit is 256 tokens per segment" in e.value.details
+
+
+def test_grpc_refuses_oversized_and_invalid_utf8(tiny_server, client_for):
+    c = client_for(tiny_server, retries=0)
+    with pytest.raises(TranslatorError) as e:
+        c.translate(["a" * (5 * 1024 * 1024)])
+    assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    with grpc.insecure_channel(tiny_server.target) as channel:
+        raw = channel.unary_unary(
+            "/translator.v1.Translator/Translate", request_serializer=None, response_deserializer=None
+        )
+        bad_utf8 = b"\x0a\x02\xff\xfe"  # field 1 (texts), 2 bytes that are not UTF-8
+        with pytest.raises(grpc.RpcError) as e2:
+            raw(bad_utf8, timeout=10)
+        assert e2.value.code() != grpc.StatusCode.OK
+    assert c.translate(["Open the file"], max_length=5)[0].text  # still serving
+
+
+# ---- deadlines, cancellation, back-pressure (tiny model) -------------------------------------------
+
+
+def test_deadline_mid_decode(tiny_server, client_for):
+    c = client_for(tiny_server, retries=0)
+    dropped = tiny_server.sample("translator_segments_total", outcome="dropped_deadline")
+    t0 = time.monotonic()
+    with pytest.raises(TranslatorError) as e:
+        c.translate(LONG_TEXTS[:16], timeout=0.5, **LONG)
+    assert e.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert c.translate(["Open the file"], max_length=5, timeout=10)[0].text  # the engine is free again
+    assert time.monotonic() - t0 < 3.0
+    assert wait_for(lambda: tiny_server.sample("translator_requests_in_flight") == 0)
+    assert tiny_server.sample("translator_segments_total", outcome="dropped_deadline") >= dropped + 1
+    assert tiny_server.sample("translator_requests_total", rpc="Translate", code="DEADLINE_EXCEEDED") >= 1
+
+
+def test_client_cancel_mid_decode_leaves_batchmates_alone(start_server, tiny_bundle):
+    server = start_server(tiny_bundle, max_wait_ms=300, max_texts=32)
+    b_texts = SENTENCES[:4]
+    with TranslatorClient(server.target, timeout=60) as c:
+        b_alone = [t.text for t in c.translate(b_texts, **LONG)]
+    channel_a = grpc.insecure_channel(server.target)
+    channel_b = grpc.insecure_channel(server.target)
+    try:
+        big_before = server.sample("translator_batch_segments_count") - server.sample(
+            "translator_batch_segments_bucket", le="32.0"
+        )
+        opts = pb.DecodingOptions(**LONG)
+        a = pb_grpc.TranslatorStub(channel_a).Translate.future(
+            pb.TranslateRequest(texts=LONG_TEXTS, options=opts)
+        )
+        b = pb_grpc.TranslatorStub(channel_b).Translate.future(
+            pb.TranslateRequest(texts=b_texts, options=opts)
+        )
+        time.sleep(0.8)  # both in one batch (max wait 300 ms), decoding
+        assert a.cancel()
+        b_together = [t.hypotheses[0].text for t in b.result(timeout=60).translations]
+    finally:
+        channel_a.close()
+        channel_b.close()
+    assert b_together == b_alone
+    # A and B (36 segments) went through one engine batch.
+    assert (
+        server.sample("translator_batch_segments_count")
+        - server.sample("translator_batch_segments_bucket", le="32.0")
+        == big_before + 1
+    )
+    assert wait_for(
+        lambda: server.sample("translator_requests_total", rpc="Translate", code="CANCELLED") == 1
+    )
+    assert server.sample("translator_segments_total", outcome="dropped_cancelled") == len(LONG_TEXTS)
+    assert wait_for(lambda: server.sample("translator_requests_in_flight") == 0)
+
+
+def test_queue_overflow_is_resource_exhausted(start_server, tiny_bundle):
+    server = start_server(tiny_bundle, max_wait_ms=1, max_queue_segments=32, max_texts=32)
+    opts = pb.DecodingOptions(**LONG)
+    with grpc.insecure_channel(server.target) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+        running = stub.Translate.future(pb.TranslateRequest(texts=LONG_TEXTS, options=opts))
+        time.sleep(0.3)  # in the engine
+        queued = stub.Translate.future(pb.TranslateRequest(texts=LONG_TEXTS[:30], options=opts))
+        assert wait_for(lambda: server.sample("translator_queue_segments") == 30, 5)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Translate(pb.TranslateRequest(texts=SENTENCES[:3]), timeout=10)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "retry" in e.value.details()
+        trailers = dict(e.value.trailing_metadata())
+        assert int(trailers["retry-after-ms"]) > 0
+        running.cancel()
+        queued.cancel()
+        assert stub.Translate(pb.TranslateRequest(texts=["Open"]), timeout=30).translations
+    assert server.sample("translator_requests_total", rpc="Translate", code="RESOURCE_EXHAUSTED") == 1
+
+
+# ---- lifecycle ----------------------------------------------------------------------------------------
+
+
+def test_checkpoint_dir_exported_while_not_serving(start_server, tiny_checkpoint, tmp_path):
+    server = start_server(tiny_checkpoint, wait_ready=False, bundles_dir=str(tmp_path))
+    with TranslatorClient(server.target, timeout=5, retries=0) as c:
+        assert c.health() == "NOT_SERVING"  # exporting the checkpoint takes seconds
+        assert c.health("translator.v1.Translator") == "NOT_SERVING"
+        with pytest.raises(TranslatorError) as e:
+            c.translate(["Open the file"])
+        assert e.value.code == grpc.StatusCode.UNAVAILABLE and "loading" in e.value.details
+    # A client that retries UNAVAILABLE with backoff gets through once the model is up.
+    with TranslatorClient(server.target, timeout=120, retries=100, backoff=0.2, max_backoff=1.0) as c:
+        assert c.translate(["Open the file"], max_length=5)[0].text
+        assert c.health() == "SERVING"
+    assert (tmp_path / tiny_checkpoint.name / "manifest.json").is_file()
+
+
+def test_sigterm_drains_in_flight_and_exits_0(server_process, tiny_bundle):
+    proc = server_process(
+        {
+            "TRANSLATOR_MODEL_DIR": str(tiny_bundle),
+            "TRANSLATOR_SHUTDOWN_GRACE_S": "30",
+            "TRANSLATOR_LOG_LEVEL": "INFO",
+        }
+    )
+    wait_serving(proc.target, timeout=60)
+    result: dict = {}
+
+    def long_request() -> None:
+        with TranslatorClient(proc.target, timeout=60, retries=0) as c:
+            try:
+                result["out"] = c.translate(LONG_TEXTS, beam_size=4, max_length=256)
+            except TranslatorError as e:
+                result["error"] = e
+
+    thread = threading.Thread(target=long_request)
+    thread.start()
+    time.sleep(0.7)  # decoding
+    proc.proc.send_signal(signal.SIGTERM)
+    thread.join(60)
+    assert proc.proc.wait(60) == 0
+    assert "error" not in result, result.get("error")
+    assert len(result["out"]) == len(LONG_TEXTS)
+    logs = proc.log_lines()
+    requests = [r for r in logs if r.get("msg") == "request" and r.get("rpc") == "Translate"]
+    assert requests and requests[-1]["status"] == "OK"
+    line = requests[-1]
+    assert line["segments"] == len(LONG_TEXTS) and line["input_tokens"] > 0 and line["output_tokens"] > 0
+    assert {"id", "queue_ms", "decode_ms"} <= set(line)
+    assert any(r.get("msg") == "shutting down" for r in logs)
+    with TranslatorClient(proc.target, timeout=2, retries=0) as c, pytest.raises(TranslatorError) as e:
+        c.translate(["Open the file"])
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+# ---- TLS and token auth -----------------------------------------------------------------------------
+
+
+def _pki_cryptography(d: Path) -> None:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = dt.datetime.now(dt.UTC)
+
+    def name(cn: str):
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def write(stem: str, cert, k) -> None:
+        (d / f"{stem}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        (d / f"{stem}.key").write_bytes(
+            k.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+
+    def build(subject, issuer, public_key, signing_key, extensions):
+        b = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(issuer)
+            .public_key(public_key)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+        )
+        for ext, critical in extensions:
+            b = b.add_extension(ext, critical=critical)
+        return b.sign(signing_key, hashes.SHA256())
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = build(
+        name("test CA"),
+        name("test CA"),
+        ca_key.public_key(),
+        ca_key,
+        [(x509.BasicConstraints(ca=True, path_length=None), True)],
+    )
+    write("ca", ca, ca_key)
+    server_san = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    for stem, cn, san in [
+        ("server", "localhost", server_san),
+        ("client", "test client", [x509.DNSName("client")]),
+    ]:
+        k = ec.generate_private_key(ec.SECP256R1())
+        cert = build(
+            name(cn), ca.subject, k.public_key(), ca_key, [(x509.SubjectAlternativeName(san), False)]
+        )
+        write(stem, cert, k)
+
+
+def _pki_openssl(d: Path) -> None:
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True, timeout=60)
+
+    ec_key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run("req", "-x509", *ec_key, "-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=test CA")
+    for stem, cn, san in [
+        ("server", "localhost", "DNS:localhost,IP:127.0.0.1"),
+        ("client", "client", "DNS:client"),
+    ]:
+        (d / f"{stem}.ext").write_text(f"subjectAltName={san}\n")
+        run("req", *ec_key, "-keyout", f"{stem}.key", "-out", f"{stem}.csr", "-subj", f"/CN={cn}")
+        run(
+            "x509",
+            "-req",
+            "-in",
+            f"{stem}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{stem}.pem",
+            "-days",
+            "1",
+            "-extfile",
+            f"{stem}.ext",
+        )
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> dict[str, Path]:
+    """A CA, a server certificate for localhost/127.0.0.1 and a client certificate (PEM), made with
+    `cryptography` or, without it, the openssl CLI."""
+    d = tmp_path_factory.mktemp("pki")
+    try:
+        import cryptography  # noqa: F401
+
+        _pki_cryptography(d)
+    except ImportError:
+        if shutil.which("openssl") is None:
+            pytest.skip("neither the cryptography package nor the openssl CLI is available")
+        _pki_openssl(d)
+    return {
+        f"{stem}_{kind}": d / f"{stem}.{kind}"
+        for stem in ("ca", "server", "client")
+        for kind in ("pem", "key")
+    }
+
+
+def test_tls(start_server, tiny_bundle, pki):
+    server = start_server(tiny_bundle, tls_cert=str(pki["server_pem"]), tls_key=str(pki["server_key"]))
+    with TranslatorClient(server.target, ca_cert=pki["ca_pem"], server_name="localhost", timeout=10) as c:
+        assert c.translate(["Open the file"], max_length=5)[0].text
+        assert c.health() == "SERVING"
+    with TranslatorClient(server.target, timeout=3, retries=0) as plain, pytest.raises(TranslatorError) as e:
+        plain.translate(["Open the file"])
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_mutual_tls_and_token(start_server, tiny_bundle, pki):
+    server = start_server(
+        tiny_bundle,
+        tls_cert=str(pki["server_pem"]),
+        tls_key=str(pki["server_key"]),
+        tls_client_ca=str(pki["ca_pem"]),
+        auth_token="s3cret",
+    )
+    tls = dict(
+        ca_cert=pki["ca_pem"],
+        client_cert=pki["client_pem"],
+        client_key=pki["client_key"],
+        server_name="localhost",
+        timeout=10,
+        retries=0,
+    )
+    with TranslatorClient(server.target, token="s3cret", **tls) as c:
+        assert c.translate(["Open the file"], max_length=5)[0].text
+        assert c.model_info().name
+        assert [r.ok for r in c.translate_stream([StreamItem("1", ["Open"], max_length=5)])] == [True]
+    for token in (None, "wrong"):
+        with TranslatorClient(server.target, token=token, **tls) as c:
+            assert c.health() == "SERVING"  # health checks stay open
+            with pytest.raises(TranslatorError) as e:
+                c.translate(["Open the file"])
+            assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
+            with pytest.raises(TranslatorError) as e:
+                list(c.translate_stream([StreamItem("1", ["Open"])]))
+            assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
+    no_client_cert = dict(tls, client_cert=None, client_key=None)
+    with (
+        TranslatorClient(server.target, token="s3cret", **no_client_cert) as c,
+        pytest.raises(TranslatorError),
+    ):
+        c.translate(["Open the file"])
+    assert server.sample("translator_requests_total", rpc="Translate", code="UNAUTHENTICATED") == 2
+
+
+def test_token_over_plaintext(start_server, tiny_bundle, client_for):
+    server = start_server(tiny_bundle, auth_token="t0ken")
+    assert client_for(server, token="t0ken").translate(["Open"], max_length=5)[0].text
+    with pytest.raises(TranslatorError) as e:
+        client_for(server, retries=0).translate(["Open"])
+    assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
+    assert "bearer token" in e.value.details
