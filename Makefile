@@ -29,11 +29,14 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# Debian tools the tests drive for real: promtool/prometheus (metrics), apertium (baseline).
+# Debian tools the tests drive for real: promtool/prometheus (metrics, rules, dashboard queries),
+# apertium (baseline), nginx (gRPC load balancing), docker-compose (compose files, validated without
+# an engine).
 system-deps:
-	@command -v promtool >/dev/null && command -v apertium >/dev/null || { \
+	@command -v promtool >/dev/null && command -v apertium >/dev/null && command -v nginx >/dev/null \
+	  && command -v docker-compose >/dev/null || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	    prometheus apertium apertium-eng-spa >/dev/null; }
+	    prometheus apertium apertium-eng-spa nginx docker-compose >/dev/null; }
 
 $(BUNDLE)/manifest.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(MODEL)/tokenizer.model | install
 	$(PY) -m export --checkpoint $(MODEL) --out $(BUNDLE)
