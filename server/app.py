@@ -275,6 +275,7 @@ class TranslatorServer:
                 max_wait_ms=cfg.max_wait_ms,
                 max_queue_segments=cfg.max_queue_segments,
             )
+            self.metrics.queue_capacity.set(cfg.max_queue_segments)
             self.service.backend = Backend(engine, self.scheduler, cfg.variant, cfg.batching)
             self.metrics.set_model(
                 name=str(engine.name),

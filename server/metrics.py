@@ -99,6 +99,11 @@ class Metrics:
         self.queue_segments = Gauge(
             "translator_queue_segments", "Segments waiting for an engine batch.", registry=r
         )
+        self.queue_capacity = Gauge(
+            "translator_queue_capacity_segments",
+            "Segments the queue holds before new requests get RESOURCE_EXHAUSTED.",
+            registry=r,
+        )
         self.queue_tokens = Gauge(
             "translator_queue_tokens",
             "Source tokens of the segments waiting for an engine batch.",
