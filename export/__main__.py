@@ -40,9 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         "--optimize", action="store_true", help="apply onnxruntime.transformers optimizer (fp32)"
     )
     parser.add_argument(
-        "--per-tensor",
-        action="store_true",
-        help="per-tensor int8 weight scales (default: per-channel, more accurate at about the same speed)",
+        "--int8-block-size",
+        type=int,
+        default=32,
+        help="int8 weight scales: one per output channel and block of this many inputs (power of 2, >= 16)",
     )
     parser.add_argument("--data", type=Path, default=Path("data"), help="corpus dir with test.en for parity")
     parser.add_argument("--parity-sentences", type=int, default=16)
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             num_hypotheses=args.num_hypotheses,
             length_penalty=args.length_penalty,
             optimize=args.optimize,
-            per_channel=not args.per_tensor,
+            int8_block_size=args.int8_block_size,
             data_dir=args.data,
             parity_sentences=args.parity_sentences,
             threads=args.threads,

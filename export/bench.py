@@ -124,6 +124,16 @@ class NoCacheModel:
         return torch.log_softmax(logits.float(), dim=-1), [new] * self.config.n_decoder_layers
 
 
+def encode_texts(tok: Tokenizer, texts: list[str]) -> list[list[int]]:
+    """One text at a time, as the engine does: sentencepiece's list calls start a thread pool per call
+    (milliseconds of wall time on a busy machine), which would penalise the peers at small batches."""
+    return [tok.encode(t) for t in texts]
+
+
+def decode_texts(tok: Tokenizer, seqs: list[list[int]]) -> list[str]:
+    return [tok.decode(s) for s in seqs]
+
+
 def _pad(src: list[list[int]], pad_id: int) -> Tensor:
     width = max((len(s) for s in src), default=0) or 1
     t = torch.full((len(src), width), pad_id, dtype=torch.long)
@@ -139,7 +149,7 @@ class TorchSystem(System):
         self.max_src = model.config.max_positions - 2
 
     def translate(self, texts: list[str], beam: int) -> list[list[int]]:
-        ids = [s[: self.max_src] for s in self.tok.encode_batch(texts)]
+        ids = [s[: self.max_src] for s in encode_texts(self.tok, texts)]
         src = _pad(ids, self.tok.pad_id)
         limits = torch.tensor([max_output_length(len(s)) for s in ids])
         if beam == 1:
@@ -147,7 +157,7 @@ class TorchSystem(System):
         else:
             hyps = beam_search(self.model, src, beam, limits, LENGTH_PENALTY)  # type: ignore[arg-type]
             out = [h[0][0] for h in hyps]
-        self.tok.decode_batch(out)
+        decode_texts(self.tok, out)
         return out
 
 
@@ -159,10 +169,10 @@ class CT2System(System):
         self.ct2 = CT2Translator(ct2_dir, compute_type=compute_type, intra_threads=threads)
 
     def translate(self, texts: list[str], beam: int) -> list[list[int]]:
-        ids = self.tok.encode_batch(texts)
+        ids = encode_texts(self.tok, texts)
         hyps = self.ct2.translate_ids(ids, beam_size=beam, length_penalty=LENGTH_PENALTY)
         out = [h[0].tokens for h in hyps]
-        self.tok.decode_batch(out)
+        decode_texts(self.tok, out)
         return out
 
 

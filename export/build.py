@@ -85,7 +85,7 @@ def export_bundle(
     num_hypotheses: int = 1,
     length_penalty: float = 0.6,
     optimize: bool = False,
-    per_channel: bool = True,
+    int8_block_size: int = ox.INT8_BLOCK_SIZE,
     data_dir: Path | None = None,
     parity_sentences: int = 16,
     threads: int = 1,
@@ -116,6 +116,8 @@ def export_bundle(
         )
     if not 1 <= beam_size <= max_beam_size or not 1 <= num_hypotheses <= beam_size:
         raise ValueError("need 1 <= num_hypotheses <= beam_size <= max_beam_size")
+    if "int8" in variants and int8_block_size not in (16, 32, 64, 128, 256):
+        raise ValueError(f"int8 block size must be 16, 32, 64, 128 or 256, got {int8_block_size}")
     weights_sha = sha256_file(checkpoint / "model.safetensors")
     name = name or checkpoint.resolve().name
     version = version or f"{dt.datetime.now(dt.UTC):%Y%m%d}-{weights_sha[:8]}"
@@ -128,7 +130,7 @@ def export_bundle(
     stage.chmod(0o755)
     try:
         manifest = _build(
-            model, tokenizer, checkpoint, stage, variants, optimize, per_channel, data_dir,
+            model, tokenizer, checkpoint, stage, variants, optimize, int8_block_size, data_dir,
             parity_sentences, threads, max_source_tokens,
         )  # fmt: skip
         manifest = {
@@ -198,7 +200,7 @@ def _build(
     stage: Path,
     variants: tuple[str, ...],
     optimize: bool,
-    per_channel: bool,
+    int8_block_size: int,
     data_dir: Path | None,
     parity_sentences: int,
     threads: int,
@@ -234,7 +236,7 @@ def _build(
                 for g, dst in (("encoder", enc), ("decoder", dec)):
                     _step(
                         f"int8 {g}",
-                        lambda g=g, dst=dst: ox.quantize_int8(raw / f"{g}.onnx", dst, per_channel),
+                        lambda g=g, dst=dst: ox.quantize_int8(raw / f"{g}.onnx", dst, int8_block_size),
                     )
                 elem = onnx.TensorProto.FLOAT
             else:
@@ -247,8 +249,9 @@ def _build(
             info["variants"][variant] = {g: f"{variant}/{g}.onnx" for g in GRAPHS}
             info["variants"][variant]["precision"] = {
                 "fp32": "float32",
-                "int8": f"dynamic int8 MatMul weights ({'per-channel' if per_channel else 'per-tensor'}), "
-                "float32 activations and K/V cache",
+                "int8": f"8-bit weight-only MatMulNBits (symmetric, per-channel blocks of {int8_block_size} "
+                f"along K), int8 compute with activations quantized per row and block (accuracy_level "
+                f"{ox.INT8_ACCURACY_LEVEL}: batch-invariant), float32 K/V cache",
                 "fp16": "float16 weights and K/V cache; float32 ids, bias, scores, log-softmax and top-k",
             }[variant]
             info["node_counts"][variant] = {

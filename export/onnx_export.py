@@ -27,6 +27,12 @@ decoder.onnx (one KV-cached step; N = B * Kc rows, Kc beam rows per sentence, se
               the Kc * V candidates of each sentence, flat index = beam * V + token, sorted descending with
               ties to the lower flat index (ONNX TopK), i.e. exactly the stable sort of model/decode.py
 
+    The step is exported from `LeanDecoderStepForExport` (2-D rows, Gemm per Linear, constant-shape head
+    reshapes: ~220 nodes instead of ~500; same interface and maths as `DecoderStepForExport`).
+
+int8 variant (`quantize_int8`): weight-only 8-bit com.microsoft MatMulNBits (symmetric blocks of 32 along
+    K, accuracy_level 4: activations quantized per row and block), so outputs do not depend on the batch.
+
 cache.onnx
     in   idx (M,) int64, x_j (N, H, T, Dh), n_j (N, H, T', Dh) for j < 2 * layers
     out  y_j = concat(x_j[idx], n_j[idx], axis=2): device-side cache reorder + append (IOBinding path);
@@ -49,6 +55,7 @@ import torch
 import torch.nn.functional as F
 from onnx import TensorProto, helper, numpy_helper
 from torch import Tensor, nn
+from torch.onnx.operators import reshape_from_tensor_shape
 
 from model.decode import greedy_decode, max_output_length
 from model.model import MultiHeadAttention, Transformer
@@ -112,6 +119,44 @@ class EncoderForExport(nn.Module):
         return tuple(outputs)
 
 
+class LeanEncoderForExport(nn.Module):
+    """EncoderForExport with the same maths in fewer ONNX nodes: Linears on (B*S, D) rows (one Gemm each),
+    heads split with one Reshape + Transpose from a shape tensor computed once."""
+
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.m = model
+
+    def forward(self, src_ids: Tensor) -> tuple[Tensor, ...]:
+        m = self.m
+        cfg = m.config
+        d, h = cfg.d_model, cfg.n_heads
+        dh = d // h
+        pad = src_ids.eq(cfg.pad_id)  # (B, S)
+        masked = pad & ~pad.all(dim=-1, keepdim=True)  # all-pad rows attend everywhere
+        src_bias = torch.zeros(pad.shape, dtype=torch.float32).masked_fill(masked, float("-inf"))  # (B, S)
+        bias4 = src_bias[:, None, None, :]  # (B, 1, 1, S)
+        bs = torch._shape_as_tensor(src_ids)  # [B, S]
+        shape3 = torch.cat([bs, torch.tensor([3, h, dh])])
+        shape2 = torch.cat([bs, torch.tensor([2, h, dh])])
+        x = m.embed(src_ids) * m.embed_scale + m.pe[: src_ids.size(1)]  # (B, S, D)
+        x = x.reshape(-1, d)  # (B*S, D)
+        for layer in m.encoder_layers:
+            sa = layer.self_attn
+            qkv = reshape_from_tensor_shape(F.linear(x, sa.qkv.weight, sa.qkv.bias), shape3)  # (B,S,3,H,Dh)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4)  # 3 x (B, H, S, Dh)
+            y = _attention(q, k, v, bias4).transpose(1, 2).reshape(-1, d)  # (B*S, D)
+            x = layer.ln1(x + F.linear(y, sa.out.weight, sa.out.bias))
+            x = layer.ln2(x + layer.ffn.fc2(F.relu(layer.ffn.fc1(x))))
+        outputs: list[Tensor] = [reshape_from_tensor_shape(x, torch.cat([bs, torch.tensor([d])])), src_bias]
+        for layer in m.decoder_layers:
+            ca = layer.cross_attn
+            kv = reshape_from_tensor_shape(F.linear(x, ca.kv.weight, ca.kv.bias), shape2)  # (B, S, 2, H, Dh)
+            k, v = kv.permute(2, 0, 3, 1, 4)  # 2 x (B, H, S, Dh)
+            outputs += [k, v]
+        return tuple(outputs)
+
+
 class DecoderStepForExport(nn.Module):
     """One KV-cached decoder step, beams grouped per sentence for cross-attention.
 
@@ -145,6 +190,52 @@ class DecoderStepForExport(nn.Module):
             x = layer.ln2(x + ca.out(y))
             x = layer.ln3(x + layer.ffn(x))
         logits = F.linear(x[:, 0], m.embed.weight)  # (N, V), tied projection (Gemm transB=1)
+        return (F.log_softmax(logits.float(), dim=-1), *new_kv)
+
+
+class LeanDecoderStepForExport(nn.Module):
+    """DecoderStepForExport with the same maths written for few ONNX nodes: rows kept 2-D (N, D) so that
+    every Linear is one Gemm, heads split/merged with constant-shape Reshapes (with one query per row the
+    head transpose is a no-op), the spare-capacity mask built once for all layers, the cross-attention
+    query reshape built from one shape tensor. About half the nodes of the straightforward export."""
+
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.m = model
+        self.n_layers = model.config.n_decoder_layers
+
+    def forward(
+        self, input_ids: Tensor, position: Tensor, src_bias: Tensor, *kv: Tensor
+    ) -> tuple[Tensor, ...]:
+        m, n = self.m, self.n_layers
+        cross, past = kv[: 2 * n], kv[2 * n :]
+        cfg = m.config
+        d, h = cfg.d_model, cfg.n_heads
+        dh = d // h
+        scale = 1.0 / math.sqrt(dh)
+        x = m.embed(input_ids.reshape(-1)) * m.embed_scale + m.pe[position]  # (N, D)
+        bias4 = src_bias[:, None, None, :]  # (B, 1, 1, S)
+        spare = torch.arange(past[0].size(2)) >= position  # (C,), shared by all layers
+        spare_bias = torch.zeros(spare.shape).masked_fill(spare, float("-inf"))  # (C,)
+        q_shape = torch.cat([torch._shape_as_tensor(src_bias)[:1], torch.tensor([-1, h, dh])])  # B, Kc, H, Dh
+        new_kv: list[Tensor] = []
+        for i, layer in enumerate(m.decoder_layers):
+            sa: MultiHeadAttention = layer.self_attn
+            qkv = F.linear(x, sa.qkv.weight, sa.qkv.bias).reshape(-1, 3, h, 1, dh)  # (N, 3, H, 1, Dh)
+            q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # (N, H, 1, Dh)
+            new_kv += [k, v]
+            s_past = torch.matmul(q, past[2 * i].transpose(-1, -2)) * scale + spare_bias  # (N, H, 1, C)
+            s_new = (q * k).sum(dim=-1, keepdim=True) * scale  # (N, H, 1, 1)
+            p = torch.softmax(torch.cat([s_past, s_new], dim=-1), dim=-1)
+            y = torch.matmul(p[..., :-1], past[2 * i + 1]) + p[..., -1:] * v  # (N, H, 1, Dh)
+            x = layer.ln1(x + F.linear(y.reshape(-1, d), sa.out.weight, sa.out.bias))  # (N, D)
+            ca: MultiHeadAttention = layer.cross_attn
+            ck, cv = cross[2 * i], cross[2 * i + 1]  # (B, H, S, Dh)
+            q = reshape_from_tensor_shape(F.linear(x, ca.q.weight, ca.q.bias), q_shape).transpose(1, 2)
+            y = _attention(q, ck, cv, bias4).transpose(1, 2).reshape(-1, d)  # (N, D)
+            x = layer.ln2(x + F.linear(y, ca.out.weight, ca.out.bias))
+            x = layer.ln3(x + layer.ffn.fc2(F.relu(layer.ffn.fc1(x))))
+        logits = F.linear(x, m.embed.weight)  # (N, V), tied projection (Gemm transB=1)
         return (F.log_softmax(logits.float(), dim=-1), *new_kv)
 
 
@@ -206,7 +297,7 @@ def quiet() -> Iterator[None]:
         root.setLevel(level)
 
 
-def export_encoder(model: Transformer, path: Path, opset: int = OPSET) -> None:
+def export_encoder(model: Transformer, path: Path, opset: int = OPSET, lean: bool = True) -> None:
     n = model.config.n_decoder_layers
     v = model.config.vocab_size
     src = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 0, 0]], dtype=torch.long).clamp(max=v - 1)
@@ -218,7 +309,7 @@ def export_encoder(model: Transformer, path: Path, opset: int = OPSET) -> None:
         dyn[name] = {0: "batch", 2: "src_len"}
     with torch.no_grad(), quiet():
         torch.onnx.export(
-            EncoderForExport(model).eval(),
+            (LeanEncoderForExport if lean else EncoderForExport)(model).eval(),
             (src,),
             str(path),
             input_names=["src_ids"],
@@ -230,7 +321,7 @@ def export_encoder(model: Transformer, path: Path, opset: int = OPSET) -> None:
         )
 
 
-def export_decoder(model: Transformer, path: Path, opset: int = OPSET) -> None:
+def export_decoder(model: Transformer, path: Path, opset: int = OPSET, lean: bool = True) -> None:
     cfg = model.config
     n, h, dh = cfg.n_decoder_layers, cfg.n_heads, cfg.d_model // cfg.n_heads
     b, kc, s, t = 2, 2, 5, 3
@@ -253,7 +344,7 @@ def export_decoder(model: Transformer, path: Path, opset: int = OPSET) -> None:
         dyn[name] = {0: "rows"}
     with torch.no_grad(), quiet():
         torch.onnx.export(
-            DecoderStepForExport(model).eval(),
+            (LeanDecoderStepForExport if lean else DecoderStepForExport)(model).eval(),
             (ids, pos, bias, *cross, *past),
             str(path),
             input_names=decoder_input_names(n),
@@ -382,23 +473,100 @@ def gemm_to_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def quantize_int8(src: Path, dst: Path, per_channel: bool = False) -> None:
-    """Dynamic int8 quantization of the MatMul weights (activations quantized on the fly)."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+INT8_BLOCK_SIZE = 32
+INT8_ACCURACY_LEVEL = 4  # int8 compute: activations quantized per row and K-block (row-local)
 
-    tmp = dst.with_suffix(".matmul.onnx")
-    onnx.save(gemm_to_matmul(onnx.load(str(src))), str(tmp))
-    try:
-        with quiet():
-            quantize_dynamic(
-                tmp,
-                dst,
-                op_types_to_quantize=["MatMul"],
-                per_channel=per_channel,
-                weight_type=QuantType.QInt8,
+
+def _int8_blocks(w: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric 8-bit block quantization of a (K, N) weight along K: MatMulNBits' B (N, K/bs, bs) uint8
+    (zero point 128, the default for 8 bits) and scales (N, K/bs) float32."""
+    k, n = w.shape
+    blocks = w.astype(np.float64).reshape(k // block_size, block_size, n)
+    scale = np.abs(blocks).max(axis=1) / 127.0  # (K/bs, N)
+    scale[scale == 0] = 1.0
+    q = np.clip(np.rint(blocks / scale[:, None, :]), -127, 127).astype(np.int16) + 128
+    packed = np.ascontiguousarray(q.transpose(2, 0, 1).astype(np.uint8))  # (N, K/bs, bs)
+    return packed, np.ascontiguousarray(scale.T.astype(np.float32))
+
+
+def quantize_int8(
+    src: Path,
+    dst: Path,
+    block_size: int = INT8_BLOCK_SIZE,
+    accuracy_level: int = INT8_ACCURACY_LEVEL,
+) -> dict[str, int]:
+    """Weight-only 8-bit quantization: every MatMul with a constant (K, N) weight (the tied output
+    projection included, via `gemm_to_matmul`) becomes com.microsoft MatMulNBits (bits=8, symmetric
+    blocks of `block_size` along K), with a following bias Add folded into its bias input.
+
+    Unlike DynamicQuantizeLinear (quantize_dynamic: one activation scale over the whole tensor, i.e.
+    over all rows of the batch), MatMulNBits with accuracy_level 4 quantizes activations per row and
+    K-block, so each row's result does not depend on the other rows: int8 decoding stays batch-invariant.
+    Returns {"quantized": n, "bias_folded": m}."""
+    if block_size not in (16, 32, 64, 128, 256):
+        raise ValueError(f"int8 block size must be 16, 32, 64, 128 or 256 (MatMulNBits), got {block_size}")
+    model = gemm_to_matmul(onnx.load(str(src)))
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in g.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    graph_outputs = {o.name for o in g.output}
+    new_nodes: list[onnx.NodeProto] = []
+    dropped: set[int] = set()
+    stats = {"quantized": 0, "bias_folded": 0}
+    for node in g.node:
+        if id(node) in dropped:
+            continue
+        w_init = inits.get(node.input[1]) if node.op_type == "MatMul" else None
+        if w_init is None or len(w_init.dims) != 2 or w_init.dims[0] % block_size:
+            new_nodes.append(node)
+            continue
+        w = numpy_helper.to_array(w_init)
+        k, n = w.shape
+        packed, scales = _int8_blocks(w, block_size)
+        base = f"{node.input[1]}_q8"
+        g.initializer.extend(
+            [numpy_helper.from_array(packed, f"{base}_B"), numpy_helper.from_array(scales, f"{base}_scales")]
+        )
+        inputs = [node.input[0], f"{base}_B", f"{base}_scales"]
+        output = node.output[0]
+        users = consumers.get(output, [])
+        if len(users) == 1 and users[0].op_type == "Add" and output not in graph_outputs:
+            add = users[0]
+            other = add.input[1] if add.input[0] == output else add.input[0]
+            b = inits.get(other)
+            if b is not None and tuple(b.dims) == (n,):
+                inputs += ["", "", other]  # zero_points, g_idx absent; bias
+                output = add.output[0]
+                dropped.add(id(add))
+                stats["bias_folded"] += 1
+        new_nodes.append(
+            helper.make_node(
+                "MatMulNBits",
+                inputs,
+                [output],
+                name=f"{node.name or base}_q8",
+                domain="com.microsoft",
+                K=k,
+                N=n,
+                bits=8,
+                block_size=block_size,
+                accuracy_level=accuracy_level,
             )
-    finally:
-        tmp.unlink(missing_ok=True)
+        )
+        stats["quantized"] += 1
+    del g.node[:]
+    g.node.extend(new_nodes)
+    used = {i for nd in g.node for i in nd.input}
+    keep = [t for t in g.initializer if t.name in used]
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    onnx.save(model, str(dst))
+    return stats
 
 
 FP16_KEEP_FP32_IO = ["src_ids", "memory", "src_bias", "beam_scores", "log_probs", "topk_scores"]

@@ -261,6 +261,26 @@ def test_other_variants_load_and_translate(tiny: TinyBundle, variant: str):
     assert eng.generator.kv_dtype == (np.float16 if variant == "fp16" else np.float32)
 
 
+def test_int8_is_weight_only_and_batch_invariant(tiny: TinyBundle):
+    # quantize_dynamic's DynamicQuantizeLinear used one activation scale for the whole batch, so a
+    # sentence's int8 output depended on its batch mates; MatMulNBits (accuracy_level 4) is row-local.
+    import onnx
+
+    graphs = [onnx.load(str(tiny.bundle / "int8" / f"{g}.onnx")) for g in ("encoder", "decoder")]
+    ops = {n.op_type for g in graphs for n in g.graph.node}
+    assert "MatMulNBits" in ops
+    assert not ops & {"DynamicQuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul"}
+    eng = Engine(tiny.bundle, variant="int8", intra_op_threads=2)
+    texts = [*TEXTS, "Open the file.", "<b>Warning:</b> this action CANNOT be undone!!!"]
+    for k in (1, 4):
+        opts = DecodingOptions(beam_size=k, num_hypotheses=k)
+        alone = [eng.translate([t], opts)[0] for t in texts]
+        mixed = eng.translate(texts[::-1] + texts[:3], opts)
+        got = [tokens_and_scores(r) for r in mixed]
+        want = [tokens_and_scores(r) for r in alone]
+        assert got == want[::-1] + want[:3]
+
+
 def test_iobinding_path_matches_numpy_path(engine: Engine, tiny: TinyBundle):
     # Same search; the last bits of scores may differ (exact-length vs spare-capacity caches).
     bound = Engine(tiny.bundle, intra_op_threads=1, io_binding=True)

@@ -165,6 +165,7 @@ def test_bundle_layout_and_manifest(tiny: TinyBundle):
             g: f"{variant}/{g}.onnx" for g in ("encoder", "decoder", "cache")
         }
     assert "per-channel" in m["variants"]["int8"]["precision"]
+    assert "batch-invariant" in m["variants"]["int8"]["precision"]
     assert "bundle " in tiny.stdout.splitlines()[-1] and "parity fp32" in tiny.stdout.splitlines()[-1]
 
 
@@ -300,4 +301,8 @@ def test_export_rejects_bad_arguments(tiny: TinyBundle, tmp_path: Path, capsys):
     args = ["--checkpoint", str(tiny.checkpoint), "--out", str(tmp_path / "b"), "--max-source-tokens", "512"]
     assert export_main(args) == 1
     assert "max_positions" in capsys.readouterr().err
+    args = ["--checkpoint", str(tiny.checkpoint), "--out", str(tmp_path / "b"), "--int8-block-size", "48"]
+    args += ["--max-source-tokens", str(MAX_SOURCE_TOKENS), "--max-length-cap", str(MAX_LENGTH_CAP)]
+    assert export_main(args) == 1
+    assert "block size" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
