@@ -33,9 +33,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-source-tokens", type=int, default=256)
     parser.add_argument("--max-beam-size", type=int, default=8)
     parser.add_argument("--max-length-cap", type=int, default=256)
-    parser.add_argument("--beam-size", type=int, default=4, help="default decoding beam")
-    parser.add_argument("--num-hypotheses", type=int, default=1)
-    parser.add_argument("--length-penalty", type=float, default=0.6)
+    # Decoding defaults: flags win, then the checkpoint's decoding.json (tuned on the valid split and
+    # shipped with the model), then these.
+    parser.add_argument("--beam-size", type=int, default=None, help="default decoding beam (4)")
+    parser.add_argument("--num-hypotheses", type=int, default=None, help="default n-best size (1)")
+    parser.add_argument("--length-penalty", type=float, default=None, help="default GNMT alpha (0.6)")
     parser.add_argument(
         "--optimize", action="store_true", help="apply onnxruntime.transformers optimizer (fp32)"
     )
@@ -49,6 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parity-sentences", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1, help="ORT threads for the parity runs")
     args = parser.parse_args(argv)
+    decoding = {"beam_size": 4, "num_hypotheses": 1, "length_penalty": 0.6}
+    decoding_file = args.checkpoint / "decoding.json"
+    if decoding_file.exists():
+        decoding.update(json.loads(decoding_file.read_text()).get("defaults", {}))
+    for key in decoding:
+        if getattr(args, key) is None:
+            setattr(args, key, decoding[key])
     variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
     try:
         manifest = export_bundle(

@@ -550,6 +550,19 @@ def evaluate(args: argparse.Namespace) -> dict:
     return report
 
 
+def default_length_penalty(model_dir: str | Path | None, bundle_dir: str | Path | None) -> float:
+    """The alpha the server would use: the bundle manifest's decoding defaults, else the checkpoint's
+    decoding.json, else 0.6."""
+    if bundle_dir and (Path(bundle_dir) / "manifest.json").exists():
+        decoding = json.loads((Path(bundle_dir) / "manifest.json").read_text()).get("decoding", {})
+        if "length_penalty" in decoding:
+            return float(decoding["length_penalty"])
+    if model_dir and (Path(model_dir) / "decoding.json").exists():
+        defaults = json.loads((Path(model_dir) / "decoding.json").read_text()).get("defaults", {})
+        return float(defaults.get("length_penalty", 0.6))
+    return 0.6
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -560,7 +573,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n", type=int, default=1000, help="sample size; 0 = the whole split")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="sampling seed")
     parser.add_argument("--beam", type=int, default=4, help="beam size; 1 = greedy")
-    parser.add_argument("--length-penalty", type=float, default=0.6, help="GNMT alpha")
+    parser.add_argument(
+        "--length-penalty",
+        type=float,
+        default=None,
+        help="GNMT alpha (default: the model's decoding.json, as the server uses it, else 0.6)",
+    )
     parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0 = library default)")
@@ -572,6 +590,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--examples", type=int, default=6, help="example translations to print")
     parser.add_argument("--json", type=Path, help="write the full report (scores and outputs) here")
     args = parser.parse_args(argv)
+    if args.length_penalty is None:
+        args.length_penalty = default_length_penalty(args.model, args.bundle)
     if args.beam < 1:
         parser.error("--beam must be >= 1")
     if args.threads:
