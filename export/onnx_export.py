@@ -11,11 +11,13 @@ encoder.onnx
 
 decoder.onnx (one KV-cached step; N = B * Kc rows, Kc beam rows per sentence, sentence-major)
     in   input_ids (N, 1) int64: the previous token of each row (BOS at step 0)
-         position (1,) int64: 0-based position of those tokens (the same for every row)
+         position (N,) int64: 0-based position of each row's token (= its step index and the number of
+              valid entries in its cache row), or (1,): the same for every row. Per-row positions let
+              rows at different steps share one call (in-flight batching, server/engine.py RunningBatch)
          src_bias (B, S), cross_key_i / cross_value_i (B, H, S, Dh): per *sentence*, not per beam row;
               the Kc beam rows of a sentence attend to its keys as Kc queries (no repeated cross K/V)
-         past_key_i, past_value_i (N, H, C, Dh), C >= position (zero-length at the first step): only the
-              first `position` entries are attended to, the rest is spare capacity (any finite values),
+         past_key_i, past_value_i (N, H, C, Dh), C >= position (zero-length at the first step): row r
+              attends to its first position[r] entries only, the rest is spare capacity (any finite values),
               so the caller can keep a preallocated cache and write each step's K/V in place. Read
               only, never concatenated: the graph attends to [past; new] as two parts of one softmax
          beam_scores (B, Kc) float32: cumulative log-prob of each beam row (-inf = dead beam)
@@ -82,9 +84,9 @@ def _step_attention(
     q, k, v (N, H, 1, Dh); past_k, past_v (N, H, C, Dh), C may be 0; entries at index >= position are
     spare capacity and masked out. One softmax over C + 1 scores."""
     scale = 1.0 / math.sqrt(q.size(-1))
-    spare = torch.arange(past_k.size(2)) >= position  # (C,)
+    spare = torch.arange(past_k.size(2))[None, :] >= position[:, None]  # (N or 1, C)
     s_past = torch.matmul(q, past_k.transpose(-1, -2)) * scale  # (N, H, 1, C)
-    s_past = s_past.masked_fill(spare, float("-inf"))
+    s_past = s_past.masked_fill(spare[:, None, None, :], float("-inf"))
     s_new = (q * k).sum(dim=-1, keepdim=True) * scale  # (N, H, 1, 1)
     p = torch.softmax(torch.cat([s_past, s_new], dim=-1), dim=-1)  # (N, H, 1, T+1), small
     return torch.matmul(p[..., :-1], past_v) + p[..., -1:] * v  # (N, H, 1, Dh)
@@ -173,7 +175,7 @@ class DecoderStepForExport(nn.Module):
         m, n = self.m, self.n_layers
         cross, past = kv[: 2 * n], kv[2 * n :]
         d = m.config.d_model
-        x = m.embed(input_ids) * m.embed_scale + m.pe[position]  # (N, 1, D) + (1, D)
+        x = m.embed(input_ids) * m.embed_scale + m.pe[position][:, None]  # (N, 1, D) + (N or 1, 1, D)
         bias4 = src_bias[:, None, None, :]  # (B, 1, 1, S)
         new_kv: list[Tensor] = []
         for i, layer in enumerate(m.decoder_layers):
@@ -215,8 +217,10 @@ class LeanDecoderStepForExport(nn.Module):
         scale = 1.0 / math.sqrt(dh)
         x = m.embed(input_ids.reshape(-1)) * m.embed_scale + m.pe[position]  # (N, D)
         bias4 = src_bias[:, None, None, :]  # (B, 1, 1, S)
-        spare = torch.arange(past[0].size(2)) >= position  # (C,), shared by all layers
-        spare_bias = torch.zeros(spare.shape).masked_fill(spare, float("-inf"))  # (C,)
+        # Per-row positions (N,) (or one shared (1,)): row r attends to its first position[r] cache
+        # entries; the rest (other rows' longer histories, spare capacity) is masked. Built once.
+        spare = torch.arange(past[0].size(2))[None, :] >= position[:, None]  # (N or 1, C)
+        spare_bias = torch.zeros(spare.shape).masked_fill(spare, float("-inf"))[:, None, None, :]
         q_shape = torch.cat([torch._shape_as_tensor(src_bias)[:1], torch.tensor([-1, h, dh])])  # B, Kc, H, Dh
         new_kv: list[Tensor] = []
         for i, layer in enumerate(m.decoder_layers):
@@ -333,6 +337,7 @@ def export_decoder(model: Transformer, path: Path, opset: int = OPSET, lean: boo
     past = [torch.randn(b * kc, h, t, dh) for _ in range(2 * n)]
     dyn: dict[str, dict[int, str]] = {
         "input_ids": {0: "rows"},
+        "position": {0: "position_rows"},
         "src_bias": {0: "batch", 1: "src_len"},
         "log_probs": {0: "rows"},
     }

@@ -269,14 +269,16 @@ class TranslatorServer:
             self.scheduler = Scheduler(
                 engine,
                 self.metrics,
-                batching=cfg.batching,
+                mode=cfg.effective_batching_mode,
                 max_batch_tokens=cfg.max_batch_tokens,
                 max_batch_segments=cfg.max_batch_segments,
                 max_wait_ms=cfg.max_wait_ms,
                 max_queue_segments=cfg.max_queue_segments,
+                max_running_tokens=cfg.max_running_tokens,
+                max_admit_wait_steps=cfg.max_admit_wait_steps,
             )
             self.metrics.queue_capacity.set(cfg.max_queue_segments)
-            self.service.backend = Backend(engine, self.scheduler, cfg.variant, cfg.batching)
+            self.service.backend = Backend(engine, self.scheduler, cfg.variant, self.scheduler.batching)
             self.metrics.set_model(
                 name=str(engine.name),
                 version=str(engine.version),
@@ -298,6 +300,7 @@ class TranslatorServer:
                         "providers": list(engine.providers),
                         "max_source_tokens": engine.max_source_tokens,
                         "batching": cfg.batching,
+                        "batching_mode": self.scheduler.mode,
                         "load_seconds": round(time.monotonic() - start, 2),
                     }
                 },

@@ -31,10 +31,13 @@ class ServerConfig:
     variant: str = "fp32"  # fp32 | int8
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # ONNX Runtime intra-op threads; 0 = ONNX Runtime default
-    batching: bool = True  # False: every engine batch holds segments of one request only
+    batching: bool = True  # False: every engine batch holds segments of one request only (= mode off)
+    batching_mode: str = "request"  # request | inflight | off (batching=false forces off)
     max_batch_tokens: int = 4096  # padded source tokens per engine batch
     max_batch_segments: int = 64
     max_wait_ms: float = 10.0  # how long a segment may wait for a batch to fill
+    max_running_tokens: int = 16384  # in-flight: KV-cache budget, sum of beam x (source + output budget)
+    max_admit_wait_steps: int = 16  # in-flight fairness: steps before skip-ahead stops / preemption
     max_queue_segments: int = 1024  # queued (not yet decoding) segments; beyond: RESOURCE_EXHAUSTED
     max_texts: int = 64  # texts per request
     max_message_bytes: int = 4 * 1024 * 1024  # gRPC max receive/send message size
@@ -49,6 +52,11 @@ class ServerConfig:
     log_level: str = "INFO"
 
     @property
+    def effective_batching_mode(self) -> str:
+        """The batching mode in force: TRANSLATOR_BATCHING=false means off whatever the mode says."""
+        return self.batching_mode if self.batching else "off"
+
+    @property
     def tls_enabled(self) -> bool:
         return bool(self.tls_cert or self.tls_key)
 
@@ -56,6 +64,10 @@ class ServerConfig:
         errors = []
         if self.variant not in ("fp32", "int8"):
             errors.append(f"variant must be fp32 or int8, got {self.variant!r}")
+        if self.batching_mode not in ("inflight", "request", "off"):
+            errors.append(f"batching_mode must be inflight, request or off, got {self.batching_mode!r}")
+        if self.max_admit_wait_steps < 0:
+            errors.append(f"max_admit_wait_steps must be >= 0, got {self.max_admit_wait_steps}")
         if bool(self.tls_cert) != bool(self.tls_key):
             errors.append("TLS needs both a certificate (TRANSLATOR_TLS_CERT) and a key (TRANSLATOR_TLS_KEY)")
         if self.tls_client_ca and not self.tls_enabled:
@@ -67,6 +79,7 @@ class ServerConfig:
         for name in (
             "max_batch_tokens",
             "max_batch_segments",
+            "max_running_tokens",
             "max_queue_segments",
             "max_texts",
             "max_message_bytes",
@@ -120,8 +133,14 @@ HELP = {
     "device": "execution device: auto, cpu or cuda",
     "threads": "ONNX Runtime intra-op threads (0 = ONNX Runtime default)",
     "batching": "batch segments of different requests together (false: one request per engine batch)",
-    "max_batch_tokens": "padded source tokens per engine batch",
-    "max_batch_segments": "segments per engine batch",
+    "batching_mode": "inflight (one running decode batch; requests join and leave at every decoding "
+    "step), request (batches of queued requests decode to the end) or off (one request per batch)",
+    "max_batch_tokens": "request mode: padded source tokens x beam size per engine batch",
+    "max_batch_segments": "segments per engine batch (in-flight: running segments)",
+    "max_running_tokens": "in-flight mode: KV-cache budget of the running batch, as the sum of "
+    "beam x (source tokens + generation budget) of the running segments",
+    "max_admit_wait_steps": "in-flight mode: decoding steps the oldest waiting segment may be passed "
+    "over before later ones stop skipping ahead and later running ones are preempted",
     "max_wait_ms": "longest wait for a batch to fill, in milliseconds",
     "max_queue_segments": "queued segments before new requests get RESOURCE_EXHAUSTED",
     "max_texts": "texts per request",

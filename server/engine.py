@@ -9,8 +9,8 @@ Decoding reproduces model/decode.py token for token (see `beam_search` there for
   an additive source bias; the decoder graph runs one step for all live beam rows and returns the top
   candidates of each sentence (beam_scores + log-probs ranked inside the graph, ties to the lower flat
   index beam * V + token, exactly the stable sort of the reference), so only (B, 2K) numbers come back.
-* Step 0 runs one row per sentence (the reference's beams 1..K-1 start at -inf and can never be picked,
-  so this is the same search with K - 1 fewer rows); afterwards each sentence has K rows.
+* Every sentence has K rows from step 0 on (the reference's beams 1..K-1 start at -inf and are never
+  picked; one row at step 0 would be cheaper but takes another MatMul kernel, see `generate`).
 * Sentences that finish (or are cancelled) leave the batch: their cache rows, cross K/V and bias are
   dropped and the source axis is trimmed to the longest remaining source (rounded up to a multiple of
   8, so that a sentence's numbers do not depend on the batch it is in).
@@ -20,6 +20,10 @@ Decoding reproduces model/decode.py token for token (see `beam_search` there for
   np.take (by beam origin) into a second buffer. On CUDA (IOBinding) the cache never leaves the GPU:
   reorder + append run through the bundle's tiny cache graph; only ids, scores and the top candidates
   cross the bus.
+
+In-flight (continuous) batching: `Engine.running_batch()` gives a step-level RunningBatch (admit /
+step / drop at decoding-step boundaries) over `DecodeBatch`; every sentence's output stays bit-identical
+to translating it alone (see DecodeBatch). It needs a decoder graph with per-row positions (N,).
 
 Long inputs: a segment longer than `max_source_tokens` raises InputTooLongError (callers should split
 long text into sentences or paragraphs first; `count_tokens` gives the lengths without translating).
@@ -43,12 +47,16 @@ from model.tokenizer import Tokenizer
 from server.bundle import BundleError, load_manifest
 
 __all__ = [
+    "BatchItem",
     "BundleError",
+    "DecodeBatch",
     "DecodingOptions",
     "Engine",
+    "Finished",
     "Generator",
     "Hypothesis",
     "InputTooLongError",
+    "RunningBatch",
     "physical_cores",
 ]
 
@@ -396,6 +404,10 @@ class Generator:
         self.kv_dtype = np.float16 if dec_in["past_key_0"].type == "tensor(float16)" else np.float32
         self.encoder_outputs = ["src_bias", *self.cross_names]
         self.step_outputs = ["topk_scores", "topk_indices", *self.new_kv_names]
+        # Per-row positions (N,) (bundles exported since in-flight batching): rows at different steps
+        # can share a call. Older graphs take one shared position (1,) (request-level batching only).
+        pos_shape = dec_in["position"].shape
+        self.row_positions = bool(pos_shape) and not isinstance(pos_shape[0], int)
 
     # ------------------------------------------------------------------------------------- decoding
 
@@ -452,12 +464,18 @@ class Generator:
         n_act = active.size
         max_len = int(limits[active].max())
         lim = limits[active]
-        kc = 1  # beam rows per sentence in the current step (1 at step 0)
-        scores = np.zeros((n_act, 1), dtype=np.float32)
-        tokens = np.full((n_act, 1), self.bos_id, dtype=np.int64)
-        hist = np.zeros((n_act, 1, max_len), dtype=np.int64)  # tokens of each beam so far
+        # Beam rows per sentence: K from step 0 on, beams 1..K-1 dead (-inf) at step 0 as in the
+        # reference. (One row at step 0 would be cheaper, but ONNX Runtime's MatMul takes another
+        # kernel for one query row per sentence, so the cross-attention numbers would differ in the
+        # last bits from an in-flight batch, where a sentence's step 0 runs next to other sentences'
+        # K rows. Greedy keeps its one row: the in-flight batch runs greedy sentences apart.)
+        kc = K
+        scores = np.full((n_act, kc), -np.inf, dtype=np.float32)
+        scores[:, 0] = 0.0
+        tokens = np.full((n_act * kc, 1), self.bos_id, dtype=np.int64)
+        hist = np.zeros((n_act, kc, max_len), dtype=np.int64)  # tokens of each beam so far
         n_fin = np.zeros(n_act, dtype=np.int64)
-        past = cache.empty_past(n_act)
+        past = cache.empty_past(n_act * kc)
         positions = np.arange(max_len, dtype=np.int64)
         slots = np.arange(K)
         cand_rank = np.arange(2 * K)
@@ -628,6 +646,314 @@ class Generator:
         ]
 
 
+# ------------------------------------------------------------------------------------ in-flight batch
+
+
+@dataclass
+class _Item:
+    """A sentence to admit into a DecodeBatch (ids without BOS/EOS)."""
+
+    key: Any
+    ids: Sequence[int]
+    beam_size: int = 1
+    num_hypotheses: int = 1
+    length_penalty: float = 0.6
+    max_length: int = 256
+
+
+class DecodeBatch:
+    """One running decode batch that sentences join and leave at decoding-step boundaries (in-flight,
+    a.k.a. continuous batching), id level. No threads, no asyncio: the caller owns the loop.
+
+    Every sentence's result is the one `Generator.generate` gives it alone (same search rule, same
+    candidates; see tests/test_inflight.py), whatever joins or leaves around it, because:
+
+    * each row carries its own step index: the decoder graph takes per-row `position` (N,), which is
+      also the number of valid entries of the row's self-attention cache; longer histories of other
+      rows and spare capacity are masked inside the graph (bias -inf: softmax weight exactly 0);
+    * every sentence has Kc rows (Kc = the largest beam in the batch), sentence-major, so the graph's
+      per-sentence cross-attention and top-k stay as they are; rows past a sentence's own beam (and
+      beams 1..K-1 at its first step, as in the reference) are dead: score -inf, never selected. The
+      first 2K candidates of a sentence over Kc * V are then exactly its candidates over K * V;
+    * the source axis is padded to a multiple of the generator's bucket (8) with a -inf bias, as in
+      the request path.
+
+    Costs: finished, dropped and cancelled sentences leave the batch at once (their cache rows, cross
+    K/V and bias are compacted away, the source axis is trimmed); a greedy step with no membership change
+    writes the new K/V in place; otherwise one gather of the cache per step (as for beam reorders).
+    Mixed beam sizes pay for dead rows (a greedy sentence next to beam 4 costs 4 rows).
+    """
+
+    def __init__(self, gen: Generator) -> None:
+        if not gen.row_positions:
+            raise BundleError(
+                f"{gen.paths['decoder']}: the decoder graph takes one shared position (1,); in-flight "
+                "batching needs per-row positions (N,): re-export the bundle with this version"
+            )
+        self.g = gen
+        self._cache = _NumpyCache(gen)  # own double buffers (the request path keeps its own)
+        self.keys: list[Any] = []
+        self.kc = 1
+        self._finished: list[NBest] = []
+        z = np.zeros(0, dtype=np.int64)
+        self.beam, self.n_best, self.lim, self.t, self.n_fin, self.src_lens = z, z, z, z, z, z
+        self.alpha: list[float] = []
+        self.hist = np.zeros((0, 1, 0), dtype=np.int64)
+        self.tokens = np.zeros((0, 1), dtype=np.int64)
+        self.scores = np.zeros((0, 1), dtype=np.float32)
+        self.past: list[np.ndarray] = []
+        self.bias = np.zeros((0, 0), dtype=np.float32)
+        self.cross: list[np.ndarray] = []
+        self.steps = 0
+        self.last_step_s = 0.0
+
+    # ---------------------------------------------------------------------------------- properties
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def rows(self) -> int:
+        return len(self.keys) * self.kc
+
+    # --------------------------------------------------------------------------------------- admit
+
+    def admit(self, items: Sequence[_Item]) -> list[tuple[Any, NBest]]:
+        """Encode `items` (one encoder batch) and merge them into the running batch; they take part
+        from the next step() on. Returns the items that finish at once (zero length budget)."""
+        g = self.g
+        done_now: list[tuple[Any, NBest]] = []
+        new = []
+        for it in items:
+            k = int(it.beam_size)
+            if k < 1 or not 1 <= it.num_hypotheses <= k:
+                raise ValueError(f"need beam_size >= 1 and 1 <= num_hypotheses <= beam_size, got {it}")
+            if it.max_length <= 0:
+                done_now.append((it.key, [([], 0.0)]))
+            else:
+                new.append(it)
+        if not new:
+            return done_now
+        n_new = len(new)
+        lens = np.array([len(it.ids) for it in new], dtype=np.int64)
+        width = g._source_width(lens)
+        src = np.full((n_new, width), g.pad_id, dtype=np.int64)
+        for r, it in enumerate(new):
+            src[r, : lens[r]] = it.ids
+        bias_new, cross_new = self._cache.encode(src)
+        n_old = len(self.keys)
+        s_old = self.bias.shape[1] if n_old else 0
+        s = max(s_old, width)
+        if n_old:
+            self.bias, self.cross = _pad_source(self.bias, self.cross, s)
+            bias_new, cross_new = _pad_source(bias_new, cross_new, s)
+            self.bias = np.concatenate([self.bias, bias_new])
+            self.cross = [np.concatenate([a, b]) for a, b in zip(self.cross, cross_new, strict=True)]
+        else:
+            self.bias, self.cross = bias_new, list(cross_new)
+        kc_old = self.kc if n_old else 0
+        kc = max([int(it.beam_size) for it in new] + ([self.kc] if n_old else []))
+        # Rows of the next cache: old rows keep their place within their sentence (dead rows added when
+        # Kc grows copy row 0 of their sentence: any finite values do), new sentences get rows of zeros.
+        rows = np.zeros((n_old + n_new, kc), dtype=np.int64)
+        if n_old:
+            rows[:n_old] = np.arange(n_old)[:, None] * kc_old
+            rows[:n_old, :kc_old] += np.arange(kc_old)
+        rows = rows.reshape(-1)[: n_old * kc]
+        need = int(self.t.max()) + 1 if n_old else 1
+        self.past = self._gather_past(rows, n_new * kc, need)
+        # Per-sentence state.
+        self.keys += [it.key for it in new]
+        self.beam = np.concatenate([self.beam, [it.beam_size for it in new]]).astype(np.int64)
+        self.n_best = np.concatenate([self.n_best, [it.num_hypotheses for it in new]]).astype(np.int64)
+        self.lim = np.concatenate([self.lim, [it.max_length for it in new]]).astype(np.int64)
+        self.t = np.concatenate([self.t, np.zeros(n_new, dtype=np.int64)])
+        self.n_fin = np.concatenate([self.n_fin, np.zeros(n_new, dtype=np.int64)])
+        self.src_lens = np.concatenate([self.src_lens, lens])
+        self.alpha += [float(it.length_penalty) for it in new]
+        self._finished += [[] for _ in new]
+        scores = np.full((n_old + n_new, kc), -np.inf, dtype=np.float32)
+        tokens = np.full((n_old + n_new, kc), g.pad_id, dtype=np.int64)
+        hist_len = max(int(self.lim.max()), self.hist.shape[2])
+        hist = np.zeros((n_old + n_new, kc, hist_len), dtype=np.int64)
+        if n_old:
+            scores[:n_old, :kc_old] = self.scores
+            tokens[:n_old, :kc_old] = self.tokens.reshape(n_old, kc_old)
+            hist[:n_old, :kc_old, : self.hist.shape[2]] = self.hist
+        scores[n_old:, 0] = 0.0  # step 0: beam 0 only; beams 1..K-1 start dead (the reference's rule)
+        tokens[n_old:] = g.bos_id
+        self.scores, self.tokens, self.hist, self.kc = scores, tokens.reshape(-1, 1), hist, kc
+        return done_now
+
+    def _gather_past(self, rows: np.ndarray, n_fresh: int, need: int) -> list[np.ndarray]:
+        """Rows `rows` of the current cache followed by `n_fresh` rows for new sentences (left as they
+        are: all their entries are masked), in buffers of the smallest capacity (a multiple of 16) that
+        holds `need` time slots: the capacity shrinks again when long sentences leave, since every row
+        attends over all of it (masked)."""
+        g = self.g
+        step = _NumpyCache.CAPACITY_STEP
+        capacity = max(step, -(-need // step) * step)
+        like = self.past or [np.zeros((0, g.n_heads, 0, g.head_dim), dtype=g.kv_dtype)] * (2 * g.n_layers)
+        dest = self._cache._buffers(like, rows.size + n_fresh, capacity)
+        if not self.past or rows.size == 0:
+            return dest
+        c = min(self.past[0].shape[2], capacity)
+        n = rows.size
+        for p, d in zip(self.past, dest, strict=True):
+            if c == p.shape[2] == capacity:
+                np.take(p, rows, axis=0, out=d[:n], mode="clip")  # contiguous, no temporary
+            else:
+                d[:n, :, :c] = np.take(p[:, :, :c], rows, axis=0)
+        return dest
+
+    # ---------------------------------------------------------------------------------------- drop
+
+    def drop(self, keys: Sequence[Any]) -> int:
+        """Remove the sentences with these keys (cancelled, expired); returns how many were running."""
+        gone = set(keys)
+        keep = np.array([k not in gone for k in self.keys], dtype=bool)
+        if keep.all():
+            return 0
+        keep_pos = np.flatnonzero(keep)
+        kc_next = int(self.beam[keep_pos].max()) if keep_pos.size else 1
+        rows = (keep_pos[:, None] * self.kc + np.arange(kc_next)).reshape(-1)
+        self.tokens = self.tokens[rows]
+        self.scores = np.ascontiguousarray(self.scores[keep_pos, :kc_next])
+        self.hist = self.hist[keep_pos, :kc_next]
+        self._apply(keep_pos, kc_next, rows, None, None)
+        return int((~keep).sum())
+
+    def _apply(
+        self,
+        keep_pos: np.ndarray,
+        kc_next: int,
+        rows: np.ndarray,
+        new_kv: list[np.ndarray] | None,
+        t_write: np.ndarray | None,
+    ) -> None:
+        """Keep sentences keep_pos (in order) with kc_next rows each, cache rows `rows` of the current
+        cache, plus (after a step) this step's K/V of those rows written at index t_write (per row)."""
+        B = len(self.keys)
+        compact = keep_pos.size < B
+        if compact:
+            idx = keep_pos.tolist()
+            self.keys = [self.keys[i] for i in idx]
+            self._finished = [self._finished[i] for i in idx]
+            self.alpha = [self.alpha[i] for i in idx]
+            self.beam, self.n_best, self.lim = self.beam[keep_pos], self.n_best[keep_pos], self.lim[keep_pos]
+            self.t, self.n_fin = self.t[keep_pos], self.n_fin[keep_pos]
+            self.src_lens = self.src_lens[keep_pos]
+        if keep_pos.size == 0:
+            self.past, self.cross, self.kc = [], [], 1
+            self.bias = self.bias[:0]
+            self.hist = self.hist[:0]
+            return
+        if compact:
+            width = self.g._source_width(self.src_lens)
+            self.bias = np.ascontiguousarray(self.bias[keep_pos, :width])
+            self.cross = [np.ascontiguousarray(x[keep_pos, :, :width]) for x in self.cross]
+        cap = self.past[0].shape[2]
+        need = int(t_write.max()) + 1 if t_write is not None else int(self.t.max())
+        same_rows = rows.size == self.past[0].shape[0] and np.array_equal(rows, np.arange(rows.size))
+        if same_rows and need <= cap:
+            past = self.past  # in place (greedy steps without membership change)
+        else:
+            past = self._gather_past(rows, 0, need)
+        if new_kv is not None and t_write is not None:
+            ar = np.arange(rows.size)
+            for p, x in zip(past, new_kv, strict=True):
+                p[ar, :, t_write] = x[rows, :, 0]
+        self.past = past
+        self.kc = kc_next
+
+    # ---------------------------------------------------------------------------------------- step
+
+    def step(self) -> list[tuple[Any, NBest]]:
+        """One decoding step for every running sentence; returns (key, n-best) of the sentences that
+        finished (they have left the batch)."""
+        B = len(self.keys)
+        if B == 0:
+            return []
+        g = self.g
+        V, eos, kc = g.vocab_size, g.eos_id, self.kc
+        n_cand = min(2 * kc, kc * V)
+        feed = {
+            "input_ids": self.tokens,
+            "position": np.repeat(self.t, kc),
+            "src_bias": self.bias,
+            "beam_scores": self.scores,
+            "num_candidates": np.array([n_cand], dtype=np.int64),
+        }
+        t0 = time.perf_counter()
+        top_s, top_i, new_kv = self._cache.step(feed, self.cross, self.past)
+        self.steps += 1
+        K = self.beam[:, None]
+        rank = np.arange(n_cand)[None, :]
+        beam = top_i // V
+        tok = top_i - beam * V
+        finite = (top_s > -np.inf) & (rank < 2 * K)  # a sentence considers its own top 2K only
+        is_eos = tok == eos
+        eos_fin = is_eos & finite & (rank < K)
+        cont = finite & ~is_eos
+        csum = np.cumsum(cont, axis=1)
+        live = cont & (csum <= K)
+        n_live = np.minimum(csum[:, -1], self.beam)
+        if n_cand < kc:  # tiny vocabularies: fewer candidates than rows
+            pad = kc - n_cand
+            live = np.pad(live, ((0, 0), (0, pad)))
+            beam, tok = np.pad(beam, ((0, 0), (0, pad))), np.pad(tok, ((0, 0), (0, pad)))
+            top_s = np.pad(top_s, ((0, 0), (0, pad)), constant_values=-np.inf)
+        order = np.argsort(~live, axis=1, kind="stable")[:, :kc]
+        valid = np.arange(kc)[None, :] < n_live[:, None]
+        new_beam = np.where(valid, np.take_along_axis(beam, order, axis=1), 0)
+        new_tok = np.where(valid, np.take_along_axis(tok, order, axis=1), g.pad_id)
+        new_score = np.where(valid, np.take_along_axis(top_s, order, axis=1), -np.inf).astype(np.float32)
+        at_limit = self.lim <= self.t + 1
+        fin = self._finished
+        rows_e, ranks_e = np.nonzero(eos_fin)
+        for r, rk in zip(rows_e.tolist(), ranks_e.tolist(), strict=True):
+            t = int(self.t[r])
+            lp = gnmt_length_penalty(t + 1, self.alpha[r])
+            fin[r].append((self.hist[r, beam[r, rk], :t].tolist(), float(top_s[r, rk]) / lp))
+        self.n_fin = self.n_fin + eos_fin.sum(axis=1)
+        for r in np.flatnonzero(at_limit).tolist():
+            t = int(self.t[r])
+            lp = gnmt_length_penalty(t + 1, self.alpha[r])
+            for k in range(int(n_live[r])):
+                seq = self.hist[r, new_beam[r, k], :t].tolist()
+                seq.append(int(new_tok[r, k]))
+                fin[r].append((seq, float(new_score[r, k]) / lp))
+        done = at_limit | (self.n_fin >= self.beam) | (n_live == 0)
+        # Stable sort: ties keep the order of finishing (step, then rank), as in the reference.
+        out = [
+            (self.keys[r], sorted(fin[r], key=lambda h: -h[1])[: int(self.n_best[r])])
+            for r in np.flatnonzero(done).tolist()
+        ]
+        keep_pos = np.flatnonzero(~done)
+        kc_next = int(self.beam[keep_pos].max()) if keep_pos.size else 1
+        nb = new_beam[keep_pos, :kc_next]  # (B', Kc'): beam origin of each next row
+        rows = ((keep_pos * kc)[:, None] + nb).reshape(-1)
+        t_keep = self.t[keep_pos]
+        hist = self.hist[keep_pos[:, None], nb]  # (B', Kc', L)
+        hist[np.arange(keep_pos.size), :, t_keep] = new_tok[keep_pos, :kc_next]
+        self.hist = hist
+        self.tokens = np.ascontiguousarray(new_tok[keep_pos, :kc_next]).reshape(-1, 1)
+        self.scores = np.ascontiguousarray(new_score[keep_pos, :kc_next])
+        self._apply(keep_pos, kc_next, rows, new_kv, np.repeat(t_keep, kc_next))
+        self.t = self.t + 1
+        self.last_step_s = time.perf_counter() - t0
+        return out
+
+
+def _pad_source(bias: np.ndarray, cross: list[np.ndarray], width: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Pad the source axis to `width`: bias -inf (never attended), K/V zeros."""
+    extra = width - bias.shape[1]
+    if extra <= 0:
+        return bias, list(cross)
+    bias = np.pad(bias, ((0, 0), (0, extra)), constant_values=-np.inf)
+    return bias, [np.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0))) for x in cross]
+
+
 # -------------------------------------------------------------------------------------------- engine
 
 
@@ -718,6 +1044,16 @@ class Engine:
         """Run both graphs once (first runs allocate memory and pick kernels)."""
         self.translate(["Hello world."], self.default_options)
         self.translate(["Hello world.", "Open the file."], DecodingOptions(beam_size=1))
+
+    @property
+    def supports_inflight(self) -> bool:
+        """Whether the bundle's decoder takes per-row positions (needed by running_batch())."""
+        return bool(self.generator.row_positions)
+
+    def running_batch(self) -> RunningBatch:
+        """A step-level in-flight batch over this engine (see RunningBatch); BundleError if the bundle's
+        decoder graph is too old for it (re-export)."""
+        return RunningBatch(self)
 
     def max_output_length(self, src_len: int, options: DecodingOptions) -> int:
         if options.max_length > 0:
@@ -821,3 +1157,138 @@ class Engine:
         }
         self.last_stats = stats
         return results
+
+
+# ------------------------------------------------------------------------------------ text level
+
+
+@dataclass
+class BatchItem:
+    """A text to admit into a RunningBatch; `key` (hashable, unique in the batch) names it."""
+
+    key: Any
+    text: str
+    options: DecodingOptions
+
+
+@dataclass
+class Finished:
+    """A RunningBatch item that left the batch: its n-best list, or the error that refused it."""
+
+    key: Any
+    hypotheses: list[Hypothesis] | None = None
+    error: Exception | None = None
+
+
+class RunningBatch:
+    """Text-level in-flight batch over an Engine (see DecodeBatch): admit(items), step(), drop(keys).
+
+    Items may have any decoding options (mixed beam sizes share the batch). Each item's result is
+    the one `Engine.translate([text], options)` gives it alone, bit for bit. Greedy items run in their
+    own DecodeBatch (one row per sentence; ONNX Runtime's MatMul takes another kernel for one query row
+    per sentence than for several, so a greedy sentence next to beam rows would differ in the last bits
+    from greedy alone); a step with both kinds running makes two decoder calls. Not thread-safe: one
+    caller thread."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.greedy = DecodeBatch(engine.generator)
+        self.beam = DecodeBatch(engine.generator)
+        self._affixes: dict[Any, tuple[str, str]] = {}
+
+    def __len__(self) -> int:
+        return len(self.greedy) + len(self.beam)
+
+    @property
+    def rows(self) -> int:
+        return self.greedy.rows + self.beam.rows
+
+    @property
+    def keys(self) -> list[Any]:
+        return list(self.greedy.keys) + list(self.beam.keys)
+
+    def cost(self, source_tokens: int, options: DecodingOptions) -> int:
+        """KV-cache slots an item can occupy at most: beam x (source tokens + generation budget)."""
+        out = self.engine.max_output_length(source_tokens, options)
+        return max(1, options.beam_size) * (max(1, source_tokens) + out)
+
+    def admit(self, items: Sequence[BatchItem]) -> list[Finished]:
+        """Tokenize and encode `items` (one encoder batch) and merge them into the running batch.
+        Returns the items that are already done: blank texts, zero length budgets, and refused ones
+        (invalid options, over max_source_tokens: `error` set)."""
+        e = self.engine
+        done: list[Finished] = []
+        todo: list[tuple[BatchItem, str]] = []
+        for it in items:
+            try:
+                e.check_options(it.options)
+            except ValueError as err:
+                done.append(Finished(it.key, error=err))
+                continue
+            core = it.text.strip()
+            if not core:
+                done.append(Finished(it.key, [Hypothesis(text=it.text, score=0.0, tokens=[])]))
+                continue
+            todo.append((it, core))
+        sources = e._encode([core for _, core in todo])
+        admit: list[_Item] = []
+        for (it, _), ids in zip(todo, sources, strict=True):
+            if len(ids) > e.max_source_tokens:
+                done.append(
+                    Finished(
+                        it.key,
+                        error=InputTooLongError(
+                            f"segment has {len(ids)} source tokens, over the limit of {e.max_source_tokens} "
+                            "(max_source_tokens)"
+                        ),
+                    )
+                )
+                continue
+            text = it.text
+            start, end = len(text) - len(text.lstrip()), len(text.rstrip())
+            self._affixes[it.key] = (text[:start], text[end:])
+            o = it.options
+            admit.append(
+                _Item(
+                    it.key,
+                    ids,
+                    o.beam_size,
+                    o.num_hypotheses,
+                    o.length_penalty,
+                    e.max_output_length(len(ids), o),
+                )
+            )
+        greedy = [it for it in admit if it.beam_size == 1]
+        beam = [it for it in admit if it.beam_size > 1]
+        with e._lock:
+            now = (self.greedy.admit(greedy) if greedy else []) + (self.beam.admit(beam) if beam else [])
+        return done + self._texts(now)
+
+    def step(self) -> list[Finished]:
+        """One decoding step of every running item; returns those that finished (and left)."""
+        with self.engine._lock:
+            out = self.greedy.step() + self.beam.step()
+        return self._texts(out)
+
+    def drop(self, keys: Sequence[Any]) -> int:
+        """Remove running items (cancelled, expired) at this step boundary; returns how many ran."""
+        n = self.greedy.drop(keys) + self.beam.drop(keys)
+        for k in keys:
+            self._affixes.pop(k, None)
+        return n
+
+    def _texts(self, out: list[tuple[Any, NBest]]) -> list[Finished]:
+        res = []
+        for key, nbest in out:
+            prefix, suffix = self._affixes.pop(key, ("", ""))
+            texts = self.engine._decode([h for h, _ in nbest])
+            res.append(
+                Finished(
+                    key,
+                    [
+                        Hypothesis(text=prefix + t + suffix, score=score, tokens=tokens)
+                        for t, (tokens, score) in zip(texts, nbest, strict=True)
+                    ],
+                )
+            )
+        return res

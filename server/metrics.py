@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
 QUEUE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_SEGMENT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BATCH_ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 BATCH_TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
@@ -78,6 +79,25 @@ class Metrics:
             "translator_batch_decode_seconds",
             "Engine time per batch (encode + decode).",
             buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_rows = Histogram(
+            "translator_batch_rows",
+            "Decoder rows (sentences x beam rows) per decoding step: batch occupancy. Request mode: "
+            "the batch's mean per step.",
+            buckets=BATCH_ROW_BUCKETS,
+            registry=r,
+        )
+        self.decode_steps = Counter(
+            "translator_decode_steps",
+            "Decoding steps run by the engine (rate: steps per second).",
+            registry=r,
+        )
+        self.time_to_first_step = Histogram(
+            "translator_time_to_first_step_seconds",
+            "Time from a segment's arrival to the end of its first decoding step (request mode: "
+            "estimated as batch start + encoder time + mean step time).",
+            buckets=QUEUE_BUCKETS,
             registry=r,
         )
         self.input_tokens = Counter(

@@ -6,6 +6,11 @@ length join it while the padded token budget (``max_batch_tokens``, counted as p
 beam size) and ``max_batch_segments`` allow, and a batch leaves as soon as it is full or its oldest
 segment has waited ``max_wait_ms``. With batching off, a batch holds segments of one request only.
 
+Modes (``mode``): ``request`` (above), ``off`` (one request per engine batch) and ``inflight``: one
+running decode batch (the engine's RunningBatch) that waiting segments join and finished ones leave at
+every decoding-step boundary; see `Scheduler._inflight_worker` for the admission policy (token budget
+over the KV cache, FIFO with skip-ahead, and a fairness bound).
+
 Results are routed back to each caller's asyncio future. A request that is cancelled or whose
 deadline passes leaves the queue at once and a running batch at the engine's next decoding step
 (through the engine's ``cancelled`` callback); the rest of the batch is unaffected.
@@ -118,6 +123,9 @@ class _Segment:
         return self.job.token_counts[self.index]
 
 
+MODES = ("request", "inflight", "off")
+
+
 class Scheduler:
     def __init__(
         self,
@@ -125,14 +133,30 @@ class Scheduler:
         metrics: Metrics | None = None,
         *,
         batching: bool = True,
+        mode: str | None = None,
         max_batch_tokens: int = 4096,
         max_batch_segments: int = 64,
         max_wait_ms: float = 10.0,
         max_queue_segments: int = 1024,
+        max_running_tokens: int = 16384,
+        max_admit_wait_steps: int = 16,
     ) -> None:
+        """mode: "request" (default; "off" when batching is False) or "inflight" (needs an engine with
+        running_batch(); falls back to "request" with a warning when the bundle is too old)."""
         self.engine = engine
         self.metrics = metrics
-        self.batching = batching
+        mode = mode or ("request" if batching else "off")
+        if mode not in MODES:
+            raise ValueError(f"batching mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if mode == "inflight" and not getattr(engine, "supports_inflight", False):
+            log.warning("the bundle's decoder graph lacks per-row positions: request-level batching instead")
+            mode = "request"
+        self.mode = mode
+        self.batching = mode != "off"
+        self.max_running_tokens = max_running_tokens
+        self.max_admit_wait_steps = max_admit_wait_steps
+        self.steps = 0  # decoding steps run (in-flight mode)
+        self.preempted = 0  # running segments preempted for a starving one (in-flight mode)
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_segments = max_batch_segments
         self.max_wait_s = max_wait_ms / 1000.0
@@ -143,7 +167,8 @@ class Scheduler:
         self._seq = itertools.count()
         self._stopping = False
         self._segments_per_s = 0.0  # EMA of engine throughput, for retry hints
-        self._thread = threading.Thread(target=self._worker, name="engine-worker", daemon=True)
+        worker = self._inflight_worker if mode == "inflight" else self._worker
+        self._thread = threading.Thread(target=worker, name="engine-worker", daemon=True)
         self._thread.start()
 
     # ---- caller side (event loop) ----------------------------------------------------------------
@@ -419,25 +444,236 @@ class Scheduler:
             m.batch_segments.observe(len(batch))
             m.batch_tokens.observe(sum(s.tokens for s in batch))
             m.batch_decode.observe(elapsed)
+            stats = getattr(self.engine, "last_stats", None) or {}
+            steps = int(stats.get("steps", 0))
+            if steps:
+                m.decode_steps.inc(steps)
+                mean_rows = stats.get("row_steps", 0) / steps
+                for _ in range(steps):  # per-step occupancy: the batch's mean rows per step
+                    m.batch_rows.observe(mean_rows)
+                first = float(stats.get("encoder_s", 0.0)) + float(stats.get("decoder_s", 0.0)) / steps
+                for seg in batch:  # estimated: batch start + encoder + one mean step
+                    m.time_to_first_step.observe(start - seg.enqueued_at + first)
         now = time.monotonic()
         for seg, hyps in zip(batch, outputs, strict=True):
-            job = seg.job
-            if hyps is None:
-                if not job.done:
-                    reason = "deadline" if job.expired(now) and not job.cancelled else "cancelled"
-                    self._finish(job, RequestCancelled(reason))
-                self._count("dropped_" + ("deadline" if job.expired(now) else "cancelled"))
-                continue
-            if job.done:  # cancelled after its last decoding step
-                self._count("dropped_cancelled")
-                continue
-            job.results[seg.index] = hyps
-            job.remaining -= 1
-            best = hyps[0].tokens if hyps else []
-            job.output_tokens += len(best)
-            self._count("translated")
+            self._deliver(seg, hyps, now)
+
+    def _deliver(self, seg: _Segment, hyps: Any, now: float) -> None:
+        """Route one segment's n-best list (None: dropped by the engine) to its job."""
+        job = seg.job
+        if hyps is None:
+            if not job.done:
+                reason = "deadline" if job.expired(now) and not job.cancelled else "cancelled"
+                self._finish(job, RequestCancelled(reason))
+            self._count("dropped_" + ("deadline" if job.expired(now) else "cancelled"))
+            return
+        if job.done:  # cancelled after its last decoding step
+            self._count("dropped_cancelled")
+            return
+        job.results[seg.index] = hyps
+        job.remaining -= 1
+        best = hyps[0].tokens if hyps else []
+        job.output_tokens += len(best)
+        self._count("translated")
+        if self.metrics is not None:
+            self.metrics.input_tokens.inc(seg.tokens)
+            self.metrics.generated_tokens.inc(len(best))
+        if job.remaining == 0:
+            self._finish(job, None)
+
+    # ---- in-flight mode (worker thread) -----------------------------------------------------------
+    #
+    # One running batch. At every decoding-step boundary the worker (1) drops running rows of
+    # cancelled/expired requests, (2) admits waiting segments, (3) runs one step, (4) answers the
+    # segments that finished. Admission policy:
+    #   * budget: a segment's cost is its KV-cache bound, beam x (source tokens + generation budget)
+    #     (RunningBatch.cost); the running cost stays <= max_running_tokens, the running segments
+    #     <= max_batch_segments. A segment larger than the whole budget runs alone.
+    #   * order: arrival order; a later segment that fits may skip ahead of one that does not.
+    #   * fairness: once the oldest waiting segment has been passed over for max_admit_wait_steps
+    #     steps, skipping stops and running segments that arrived after it are preempted (dropped and
+    #     queued again at their arrival place; they restart from scratch later, with the same result)
+    #     until it fits. So every segment starts within max_admit_wait_steps steps plus the remaining
+    #     steps of older segments. Small values: strict FIFO, big segments never starve, but
+    #     preemption wastes work and skip-ahead (utilisation) stops sooner; large values: more
+    #     throughput for short segments, longer waits for big ones.
+
+    def _inflight_worker(self) -> None:
+        self._rb = self.engine.running_batch()
+        self._running: dict[int, tuple[_Segment, int]] = {}  # seq -> (segment, cost), admission order
+        self._running_cost = 0
+        self._head_seq, self._head_since = -1, 0
+        self._window = (time.monotonic(), 0)
+        while True:
+            try:
+                if not self._inflight_round():
+                    return
+            except Exception:  # pragma: no cover - defensive: never let the worker die
+                log.exception("scheduler error")
+                time.sleep(0.01)
+
+    def _inflight_round(self) -> bool:
+        """One step boundary; False when stopping with nothing left."""
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                to_finish = self._purge(now)
+                if self._running or self._queue or to_finish:
+                    break
+                if self._stopping:
+                    return False
+                self._cond.wait()
+            dead = [
+                k
+                for k, (seg, _) in self._running.items()
+                if seg.job.done or seg.job.cancelled or seg.job.expired(now)
+            ]
+            for key in dead:
+                self._running_cost -= self._running[key][1]
+            dead_segs = [self._running.pop(key)[0] for key in dead]
+            admit, preempt = self._admission()
+            self._update_gauges()
+        for job, error in to_finish:
+            self._finish(job, error)
+        rb = self._rb
+        if dead or preempt:
+            rb.drop(dead + [seg.seq for seg in preempt])
+        for seg in dead_segs:
+            self._deliver(seg, None, now)
+        try:
+            fresh = self._admit(admit, now) if admit else []
+            rows = rb.rows
+            finished = rb.step() if len(rb) else []
+            now = time.monotonic()
+        except Exception as e:
+            self._engine_failed(e)
+            return True
+        if not rows and self._running and not finished:  # pragma: no cover - defensive: never spin
+            self._engine_failed(RuntimeError("running segments lost by the engine batch"))
+            return True
+        if rows:
+            self.steps += 1
             if self.metrics is not None:
-                self.metrics.input_tokens.inc(seg.tokens)
-                self.metrics.generated_tokens.inc(len(best))
-            if job.remaining == 0:
-                self._finish(job, None)
+                m = self.metrics
+                m.decode_steps.inc()
+                m.batch_rows.observe(rows)
+                for seg in fresh:
+                    m.time_to_first_step.observe(now - seg.enqueued_at)
+        self._finish_items(finished, now)
+        return True
+
+    def _admission(self) -> tuple[list[_Segment], list[_Segment]]:
+        """Pick queued segments to admit now, and running ones to preempt (lock held). Removes the
+        admitted segments from the queue and queues the preempted ones again."""
+        if not self._queue:
+            self._head_seq = -1
+            return [], []
+        head = self._queue[0]
+        if head.seq != self._head_seq:
+            self._head_seq, self._head_since = head.seq, self.steps
+        starving = self.steps - self._head_since >= self.max_admit_wait_steps
+        preempt: list[_Segment] = []
+        cost_of = self._rb.cost
+        need = cost_of(head.tokens, head.job.options) if starving and self._running else 0
+        younger = [(seg, cost) for seg, cost in self._running.values() if seg.seq > head.seq]
+        if (
+            younger
+            and not self._fits(need, len(self._running), self._running_cost)
+            and self._fits(
+                need, len(self._running) - len(younger), self._running_cost - sum(c for _, c in younger)
+            )
+        ):
+            # Preempt the latest-admitted segments that arrived after the head, until it fits (only when
+            # that is enough: otherwise the head waits for older segments, and nobody skips ahead).
+            for key in reversed(list(self._running)):
+                if self._fits(need, len(self._running) - len(preempt), self._running_cost):
+                    break
+                seg, cost = self._running[key]
+                if seg.seq < head.seq:
+                    continue
+                preempt.append(seg)
+                self._running_cost -= cost
+            for seg in preempt:
+                del self._running[seg.seq]
+            if preempt:
+                self.preempted += len(preempt)
+                log.info("preempted %d running segments for a starving one", len(preempt))
+                self._queue = sorted(self._queue + preempt, key=lambda x: x.seq)
+                self._queue_tokens += sum(x.tokens for x in preempt)
+        admit: list[_Segment] = []
+        n_running, cost_running = len(self._running), self._running_cost
+        for seg in self._queue:
+            cost = cost_of(seg.tokens, seg.job.options)
+            if n_running == 0 or self._fits(cost, n_running, cost_running):
+                admit.append(seg)
+                n_running += 1
+                cost_running += cost
+            elif starving or n_running >= self.max_batch_segments:
+                break  # no skipping ahead of a starving head
+        if admit:
+            chosen = set(map(id, admit))
+            self._queue = [x for x in self._queue if id(x) not in chosen]
+            self._queue_tokens -= sum(x.tokens for x in admit)
+        return admit, preempt
+
+    def _fits(self, cost: int, n_running: int, cost_running: int) -> bool:
+        return n_running < self.max_batch_segments and cost_running + cost <= self.max_running_tokens
+
+    def _admit(self, admit: list[_Segment], now: float) -> list[_Segment]:
+        """Encode and merge `admit` into the running batch; returns those now running."""
+        from server.engine import BatchItem
+
+        for seg in admit:
+            if seg.job.first_dispatch_at is None:
+                seg.job.first_dispatch_at = now
+            if self.metrics is not None:
+                self.metrics.queue_wait.observe(now - seg.enqueued_at)
+        rb = self._rb
+        for seg in admit:
+            self._running[seg.seq] = (seg, rb.cost(seg.tokens, seg.job.options))
+            self._running_cost += self._running[seg.seq][1]
+        if self.metrics is not None:
+            self.metrics.batch_segments.observe(len(admit))
+            self.metrics.batch_tokens.observe(sum(s.tokens for s in admit))
+        done = rb.admit([BatchItem(seg.seq, seg.text, seg.job.options) for seg in admit])
+        self._finish_items(done, time.monotonic())
+        return [seg for seg in admit if seg.seq in self._running]
+
+    def _finish_items(self, finished: list[Any], now: float) -> None:
+        n = 0
+        for f in finished:
+            item = self._running.pop(f.key, None)
+            if item is None:
+                continue
+            seg, cost = item
+            self._running_cost -= cost
+            if f.error is not None:
+                invalid = isinstance(f.error, ValueError)
+                self._count("failed")
+                self._finish(seg.job, InvalidInput(str(f.error)) if invalid else EngineFailure(str(f.error)))
+                continue
+            self._deliver(seg, f.hypotheses, now)
+            n += 1
+        # Throughput estimate for retry hints, over windows of about a second.
+        start, count = self._window
+        count += n
+        if now - start >= 1.0:
+            rate = count / (now - start)
+            self._segments_per_s = (
+                rate if self._segments_per_s == 0 else 0.8 * self._segments_per_s + 0.2 * rate
+            )
+            start, count = now, 0
+        self._window = (start, count)
+
+    def _engine_failed(self, e: Exception) -> None:
+        """The engine raised mid-batch: fail every running segment and start a fresh batch."""
+        log.exception("engine failed on the running batch (%d segments)", len(self._running))
+        if self.metrics is not None:
+            self.metrics.engine_errors.inc()
+        segs = [seg for seg, _ in self._running.values()]
+        self._running.clear()
+        self._running_cost = 0
+        self._count("failed", len(segs))
+        for job in dict.fromkeys(seg.job for seg in segs):
+            self._finish(job, EngineFailure(f"translation failed: {e}"))
+        self._rb = self.engine.running_batch()

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from export import onnx_export as ox
 from model.decode import beam_search, gnmt_length_penalty, greedy_decode, max_output_length
 from server.engine import (
+    BatchItem,
     BundleError,
     DecodingOptions,
     Engine,
@@ -432,3 +433,148 @@ def test_unknown_variant_and_truncated_file(bundle_copy: Path):
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(BundleError, match=r"int8/encoder\.onnx: size"):
         Engine(bundle_copy, variant="int8", intra_op_threads=1)
+
+
+# ------------------------------------------------------------------- in-flight batching (RunningBatch)
+# Every sentence's output is exactly (bit for bit) what it gets alone, whatever joins or leaves.
+
+MORE = [
+    "Save changes?",
+    "Print",
+    "  Open the file.  ",
+    "",
+    "Delete the selected messages permanently?",
+    "The printer is out of paper.",
+]
+OPTIONS = [
+    DecodingOptions(beam_size=1, num_hypotheses=1),
+    DecodingOptions(beam_size=2, num_hypotheses=2),
+    DecodingOptions(beam_size=4, num_hypotheses=1),
+    DecodingOptions(beam_size=3, num_hypotheses=3, length_penalty=1.0),
+    DecodingOptions(beam_size=5, num_hypotheses=2, max_length=7),
+    DecodingOptions(beam_size=1, max_length=3),
+]
+
+
+@pytest.fixture(scope="module")
+def solo(engine: Engine) -> dict:
+    """(text, options) -> the result of translating that text alone."""
+    out = {}
+    for text in TEXTS + MORE:
+        for opts in OPTIONS:
+            out[text, opts] = engine.translate([text], opts)[0]
+    return out
+
+
+def same(got, want) -> None:
+    assert [h.tokens for h in got] == [h.tokens for h in want]
+    assert [h.text for h in got] == [h.text for h in want]
+    # Bit-identical scores (not merely close): same numbers as alone.
+    assert [h.score for h in got] == [h.score for h in want]
+
+
+def test_graph_takes_per_row_positions(engine: Engine):
+    assert engine.supports_inflight
+    assert len(engine.running_batch()) == 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_arrivals_and_drops_match_solo(engine: Engine, solo: dict, seed: int):
+    rng = random.Random(seed)
+    pending = [(text, rng.choice(OPTIONS)) for text in rng.sample(TEXTS + MORE, 10)]
+    pending += [(rng.choice(TEXTS), rng.choice(OPTIONS)) for _ in range(6)]
+    rb = engine.running_batch()
+    items = {}
+    results = {}
+    dropped = set()
+    key = 0
+    steps = 0
+    max_rows = 0
+    while pending or len(rb):
+        if pending and (not len(rb) or rng.random() < 0.3):
+            n = rng.randint(1, 3)
+            batch = []
+            for text, opts in pending[:n]:
+                items[key] = (text, opts)
+                batch.append(BatchItem(key, text, opts))
+                key += 1
+            del pending[:n]
+            for f in rb.admit(batch):
+                assert f.error is None
+                results[f.key] = f.hypotheses
+        if len(rb) > 1 and rng.random() < 0.05:
+            victim = rng.choice(rb.keys)
+            assert rb.drop([victim]) == 1
+            dropped.add(victim)
+        max_rows = max(max_rows, rb.rows)
+        for f in rb.step():
+            assert f.key not in results
+            results[f.key] = f.hypotheses
+        steps += 1
+        assert steps < 2000
+    assert set(results) | dropped == set(items) and not set(results) & dropped
+    for k, hyps in results.items():
+        same(hyps, solo[items[k]])
+    assert max_rows > 4  # the batch really mixed sentences
+
+
+def test_mixed_beams_join_a_running_long_decode(engine: Engine):
+    """Short sentences (greedy and beam 2) admitted while a beam-5 one decodes leave before it; all
+    match their solo translations."""
+    rb = engine.running_batch()
+    long_opts = DecodingOptions(beam_size=5, num_hypotheses=2)
+    rb.admit([BatchItem("long", TEXTS[1], long_opts)])
+    for _ in range(3):
+        assert rb.step() == []
+    greedy, beam2 = DecodingOptions(beam_size=1, max_length=3), DecodingOptions(beam_size=2, max_length=4)
+    wanted = {"long": (TEXTS[1], long_opts)}
+    items = []
+    for i, t in enumerate(TEXTS[:4]):
+        wanted[i] = (t, greedy if i % 2 else beam2)
+        items.append(BatchItem(i, *wanted[i]))
+    rb.admit(items)
+    assert rb.rows == 5 * 3 + 2  # beam sentences share Kc = 5 rows each; greedy ones run apart
+    order = []
+    while len(rb):
+        for f in rb.step():
+            order.append(f.key)
+            same(f.hypotheses, engine.translate([wanted[f.key][0]], wanted[f.key][1])[0])
+    assert order[-1] == "long" and len(order) == 5
+    assert rb.rows == 0
+
+
+def test_admit_refuses_bad_items_and_passes_blank(engine: Engine):
+    rb = engine.running_batch()
+    out = rb.admit(
+        [
+            BatchItem(1, "  ", DecodingOptions(beam_size=2)),
+            BatchItem(2, "word " * 200, DecodingOptions(beam_size=2)),
+            BatchItem(3, "Open", DecodingOptions(beam_size=2, num_hypotheses=3)),
+        ]
+    )
+    by = {f.key: f for f in out}
+    assert by[1].hypotheses[0].text == "  " and by[1].error is None
+    assert "max_source_tokens" in str(by[2].error)
+    assert isinstance(by[3].error, ValueError)
+    assert len(rb) == 0
+
+
+def test_old_graph_is_refused(engine: Engine, monkeypatch):
+    monkeypatch.setattr(engine.generator, "row_positions", False)
+    with pytest.raises(BundleError, match="per-row positions"):
+        engine.running_batch()
+
+
+def test_cache_is_compacted(engine: Engine):
+    rb = engine.running_batch()
+    opts = DecodingOptions(beam_size=3)
+    rb.admit([BatchItem(i, t, opts) for i, t in enumerate(TEXTS)])
+    assert rb.rows == 3 * len(TEXTS)
+    rb.step()
+    rb.drop([0, 1, 2])
+    assert rb.rows == 3 * (len(TEXTS) - 3)
+    assert rb.beam.past[0].shape[0] == rb.rows
+    assert np.isfinite(rb.beam.past[0]).all()
+    while len(rb):
+        rb.step()
+    assert rb.beam.past == []

@@ -212,3 +212,121 @@ def test_queue_full(engine):
         asyncio.run(main())
     finally:
         scheduler.stop(10)
+
+
+# ---- in-flight mode -------------------------------------------------------------------------------
+
+BEAM2 = DecodingOptions(beam_size=2, num_hypotheses=2, max_length=10, length_penalty=0.6)
+BEAM4 = DecodingOptions(beam_size=4, num_hypotheses=1, max_length=16, length_penalty=1.0)
+
+
+def test_inflight_random_arrivals_mixed_beams_match_solo(engine):
+    import random
+
+    rng = random.Random(7)
+    plan = [(rng.uniform(0, 0.4), rng.sample(TEXTS, rng.randint(1, 3)), rng.choice([GREEDY, BEAM2, BEAM4]))]
+    plan += [
+        (rng.uniform(0, 0.4), rng.sample(TEXTS, rng.randint(1, 3)), rng.choice([GREEDY, BEAM2, BEAM4]))
+        for _ in range(11)
+    ]
+    solo = {(t, o): engine.translate([t], o)[0] for _, texts, o in plan for t in texts}
+    scheduler, metrics = make_scheduler(engine, mode="inflight")
+    assert scheduler.mode == "inflight"
+
+    async def one(delay, texts, options):
+        await asyncio.sleep(delay)
+        return await scheduler.run(job(engine, texts, options))
+
+    async def main():
+        return await asyncio.gather(*(one(*p) for p in plan))
+
+    try:
+        jobs = asyncio.run(main())
+    finally:
+        scheduler.stop(10)
+    for (_, texts, options), j in zip(plan, jobs, strict=True):
+        for text, hyps in zip(texts, j.results, strict=True):
+            want = solo[text, options]
+            assert [(h.text, h.tokens, h.score) for h in hyps] == [(h.text, h.tokens, h.score) for h in want]
+    assert scheduler.steps > 0
+    steps = {s.name: s.value for m in metrics.registry.collect() for s in m.samples}
+    assert steps["translator_decode_steps_total"] == scheduler.steps
+    rows_count, rows_sum = hist(metrics, "translator_batch_rows")
+    assert rows_count == scheduler.steps and rows_sum / rows_count > 1  # requests shared steps
+    assert hist(metrics, "translator_time_to_first_step_seconds")[0] == sum(len(t) for _, t, _ in plan)
+
+
+def test_inflight_short_request_does_not_wait_for_long_one(engine):
+    scheduler, metrics = make_scheduler(engine, mode="inflight")
+
+    async def main():
+        long = asyncio.ensure_future(scheduler.run(job(engine, LONG_TEXTS[:8], LONG)))
+        await asyncio.sleep(0.3)
+        assert not long.done()
+        t0 = time.monotonic()
+        short = await scheduler.run(job(engine, ["Print"], GREEDY))
+        short_s = time.monotonic() - t0
+        assert not long.done()  # joined the running batch and left it before the long one
+        long.cancel()  # dropped at the next step boundary
+        with pytest.raises(asyncio.CancelledError):
+            await long
+        return short, short_s
+
+    try:
+        short, short_s = asyncio.run(main())
+    finally:
+        scheduler.stop(10)
+    assert short.results[0][0].text == engine.translate(["Print"], GREEDY)[0][0].text
+    assert short_s < 2.0
+    dropped = {
+        s.labels["outcome"]: s.value
+        for m in metrics.registry.collect()
+        for s in m.samples
+        if s.name == "translator_segments_total"
+    }
+    assert dropped["dropped_cancelled"] >= 1  # the rows still running when it was cancelled
+
+
+def test_inflight_budget_and_fairness_preempt_later_arrivals(engine):
+    """A big segment B that does not fit next to a running A waits; a later small one C skips ahead;
+    once B has waited max_admit_wait_steps steps (and A has left), C is preempted so that B runs, and C
+    restarts later with the same result."""
+    rb = engine.running_batch()
+    a_opts = DecodingOptions(beam_size=4, num_hypotheses=1, max_length=6, length_penalty=0.6)
+    c_opts = DecodingOptions(beam_size=1, num_hypotheses=1, max_length=40, length_penalty=0.6)
+    a_text, b_text, c_text = TEXTS[1], TEXTS[5], TEXTS[0]
+    a_cost = rb.cost(engine.count_tokens([a_text])[0], a_opts)
+    c_cost = rb.cost(engine.count_tokens([c_text])[0], c_opts)
+    big_cost = rb.cost(engine.count_tokens([b_text])[0], LONG)
+    assert a_cost >= c_cost
+    scheduler, _ = make_scheduler(
+        engine, mode="inflight", max_running_tokens=big_cost + c_cost - 1, max_admit_wait_steps=2
+    )
+
+    async def main():
+        # Queued at once, in this order: A runs, B does not fit next to it, C does and skips ahead.
+        jobs = [job(engine, [a_text], a_opts), job(engine, [b_text], LONG), job(engine, [c_text], c_opts)]
+        with scheduler._cond:  # the worker sees all three together
+            futures = [scheduler.submit(j) for j in jobs]
+        return await asyncio.gather(*futures)
+
+    try:
+        a, b, c = asyncio.run(main())
+    finally:
+        scheduler.stop(10)
+    assert scheduler.preempted == 1
+    for j, text, opts in ((a, a_text, a_opts), (b, b_text, LONG), (c, c_text, c_opts)):
+        want = engine.translate([text], opts)[0]
+        assert [(h.tokens, h.score) for h in j.results[0]] == [(h.tokens, h.score) for h in want]
+    assert c.finished_at > b.finished_at  # C waited for B once preempted
+
+
+def test_inflight_falls_back_without_per_row_positions(engine, monkeypatch):
+    monkeypatch.setattr(engine.generator, "row_positions", False)
+    scheduler, _ = make_scheduler(engine, mode="inflight")
+    try:
+        assert scheduler.mode == "request"
+    finally:
+        scheduler.stop(5)
+    with pytest.raises(ValueError, match="batching mode"):
+        Scheduler(engine, mode="sometimes")

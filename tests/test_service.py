@@ -493,3 +493,37 @@ def test_token_over_plaintext(start_server, tiny_bundle, client_for):
         client_for(server, retries=0).translate(["Open"])
     assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
     assert "bearer token" in e.value.details
+
+
+def test_inflight_mode_end_to_end_matches_solo(start_server, tiny_bundle):
+    """Through gRPC: concurrent requests with mixed beam sizes, arriving at random times, share one
+    running decode batch and each get exactly their solo translation (text and score)."""
+    import random
+
+    server = start_server(tiny_bundle, batching_mode="inflight", max_texts=16)
+    rng = random.Random(3)
+    calls = [
+        (rng.uniform(0, 0.3), rng.sample(SENTENCES, rng.randint(1, 3)), rng.choice([1, 2, 4]))
+        for _ in range(12)
+    ]
+    with TranslatorClient(server.target, timeout=60) as c:
+        assert c.model_info().batching
+        solo = {
+            (t, k): c.translate([t], beam_size=k, max_length=20, return_scores=True)[0]
+            for _, texts, k in calls
+            for t in texts
+        }
+        steps_before = server.sample("translator_decode_steps_total")
+
+        def call(delay, texts, k):
+            time.sleep(delay)
+            return c.translate(texts, beam_size=k, max_length=20, return_scores=True)
+
+        with ThreadPoolExecutor(len(calls)) as pool:
+            results = list(pool.map(lambda a: call(*a), calls))
+    for (_, texts, k), got in zip(calls, results, strict=True):
+        for t, tr in zip(texts, got, strict=True):
+            assert (tr.text, tr.hypotheses[0].score) == (solo[t, k].text, solo[t, k].hypotheses[0].score)
+    assert server.sample("translator_decode_steps_total") > steps_before
+    assert server.sample("translator_batch_rows_count") > 0
+    assert server.sample("translator_time_to_first_step_seconds_count") > 0

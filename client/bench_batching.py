@@ -1,0 +1,361 @@
+"""Batching modes benchmark: off vs request-level vs in-flight, on one machine, in one run.
+
+    python -m client.bench_batching --model-dir /tmp/inflight/bundle --out /tmp/inflight/bench.json
+
+Starts one server per mode (`python -m server --batching-mode MODE` on 127.0.0.1, free ports; each
+inherits this process's CPU affinity, so `taskset -c 1 python -m client.bench_batching ...` pins
+everything to one core) and drives them one after the other (only one is busy at a time) with the same
+sentences (data/test.en via model.corpus.read_split, else client/sample.en), one text per request:
+
+* closed loop at each --concurrency level, for each --beams size: throughput (sentences/s, generated
+  tokens/s from the server's translator_generated_tokens_total) and p50/p95/p99 latency;
+* open loop at --rate-factors x the request-level saturation throughput (its best closed-loop
+  sentences/s), same rates for every mode;
+* a mixed workload (closed loop, --mixed-concurrency): short sentences (<= --short-words words) and
+  long ones (>= --long-words), --long-share of the requests long; p95 per class (do short ones still
+  wait for long ones?).
+
+Writes the JSON report to --out and a PNG plot (latency vs throughput per mode and beam size,
+matplotlib) next to it (or to --plot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from client.core import AsyncTranslatorClient, TranslatorError
+from client.load import load_sentences, percentile
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MODES = ("off", "request", "inflight")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, mode: str, model_dir: str, threads: int, extra: list[str], log_dir: Path) -> None:
+        self.mode, self.port, self.metrics_port = mode, free_port(), free_port()
+        self.log = open(log_dir / f"server-{mode}.log", "w")  # noqa: SIM115 - closed in stop()
+        cmd = [sys.executable, "-m", "server", "--model-dir", model_dir, "--host", "127.0.0.1"]
+        cmd += ["--port", str(self.port), "--metrics-port", str(self.metrics_port)]
+        cmd += ["--threads", str(threads), "--batching-mode", mode, "--log-level", "WARNING", *extra]
+        self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def counter(self, name: str) -> float:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).read()
+        m = re.search(rf"^{name} (\S+)$", text.decode(), re.M)
+        return float(m.group(1)) if m else 0.0
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+async def drive(
+    client: AsyncTranslatorClient,
+    pick,
+    *,
+    duration: float,
+    concurrency: int = 0,
+    rate: float = 0.0,
+    options: dict,
+    max_in_flight: int = 1024,
+) -> dict:
+    """Closed loop (concurrency) or open loop (rate); pick() -> (text, class). Per-class latencies."""
+    lat: dict[str, list[float]] = {}
+    errors: dict[str, int] = {}
+    start = time.perf_counter()
+    end = start + duration
+
+    async def one() -> None:
+        text, cls = pick()
+        t0 = time.perf_counter()
+        try:
+            await client.translate([text], **options)
+        except TranslatorError as e:
+            errors[e.code.name] = errors.get(e.code.name, 0) + 1
+            return
+        lat.setdefault(cls, []).append(time.perf_counter() - t0)
+
+    if rate > 0:
+        pending: set[asyncio.Task] = set()
+        n = 0
+        while True:
+            due = start + n / rate
+            if due >= end:
+                break
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            n += 1
+            if len(pending) >= max_in_flight:
+                errors["CLIENT_OVERLOAD"] = errors.get("CLIENT_OVERLOAD", 0) + 1
+                continue
+            task = asyncio.create_task(one())
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+        if pending:
+            await asyncio.gather(*pending)
+    else:
+
+        async def worker() -> None:
+            while time.perf_counter() < end:
+                await one()
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - start
+    everything = [x for v in lat.values() for x in v]
+
+    def stats(values: list[float]) -> dict:
+        ms = [x * 1000 for x in values]
+        if not ms:
+            return {"n": 0}
+        return {
+            "n": len(ms),
+            "p50_ms": percentile(ms, 50),
+            "p95_ms": percentile(ms, 95),
+            "p99_ms": percentile(ms, 99),
+            "mean_ms": sum(ms) / len(ms),
+        }
+
+    out = {"elapsed_s": elapsed, "sentences": len(everything), "errors": errors}
+    out["sentences_per_s"] = len(everything) / elapsed
+    out |= stats(everything)
+    if len(lat) > 1:
+        out["by_class"] = {cls: stats(v) for cls, v in sorted(lat.items())}
+    return out
+
+
+async def measure(server: Server, pick, *, warmup: float, duration: float, **kw) -> dict:
+    async with AsyncTranslatorClient(server.target, timeout=120, retries=0) as client:
+        if warmup > 0:
+            await drive(client, pick, duration=warmup, **kw)
+        before = server.counter("translator_generated_tokens_total")
+        res = await drive(client, pick, duration=duration, **kw)
+        res["generated_tokens_per_s"] = (server.counter("translator_generated_tokens_total") - before) / res[
+            "elapsed_s"
+        ]
+    return res
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    beams = report["config"]["beams"]
+    fig, axes = plt.subplots(1, len(beams), figsize=(6 * len(beams), 4.5), squeeze=False)
+    colors = {"off": "tab:gray", "request": "tab:blue", "inflight": "tab:red"}
+    for ax, beam in zip(axes[0], beams, strict=True):
+        for mode in report["config"]["modes"]:
+            runs = [r for r in report["runs"] if r["mode"] == mode and r["beam"] == beam]
+            closed = sorted((r for r in runs if r["kind"] == "closed"), key=lambda r: r["concurrency"])
+            xs = [r["sentences_per_s"] for r in closed if r.get("n")]
+            ys = [r["p95_ms"] for r in closed if r.get("n")]
+            ax.plot(xs, ys, "o-", color=colors.get(mode), label=f"{mode} closed loop (p95)")
+            for r in closed:
+                if r.get("n"):
+                    ax.annotate(f"c{r['concurrency']}", (r["sentences_per_s"], r["p95_ms"]), fontsize=7)
+            opened = [r for r in runs if r["kind"] == "open" and r.get("n")]
+            ax.plot(
+                [r["sentences_per_s"] for r in opened],
+                [r["p95_ms"] for r in opened],
+                "s",
+                color=colors.get(mode),
+                mfc="none",
+                label=f"{mode} open loop (p95)",
+            )
+        ax.set_title(f"beam {beam}")
+        ax.set_xlabel("throughput (sentences/s)")
+        ax.set_ylabel("p95 latency (ms)")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(report["config"].get("title", "batching modes"))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m client.bench_batching",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model-dir", required=True, help="bundle dir (exported by this version)")
+    p.add_argument("--out", type=Path, required=True, help="JSON report path")
+    p.add_argument("--plot", type=Path, default=None, help="PNG path (default: --out with .png)")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--beams", default="1,4")
+    p.add_argument("--concurrency", default="1,4,16,48")
+    p.add_argument("--rate-factors", default="1.0,1.5", help="open loop rates, x request-mode saturation")
+    p.add_argument("--duration", type=float, default=8.0, help="seconds per measurement")
+    p.add_argument("--warmup", type=float, default=1.0)
+    p.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads per server")
+    p.add_argument("--mixed-concurrency", type=int, default=16)
+    p.add_argument("--short-words", type=int, default=8)
+    p.add_argument("--long-words", type=int, default=25)
+    p.add_argument("--long-share", type=float, default=0.3)
+    p.add_argument("--server-arg", action="append", default=[], help="extra server flag (repeatable)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--title", default="")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    beams = [int(b) for b in args.beams.split(",")]
+    levels = [int(c) for c in args.concurrency.split(",")]
+    factors = [float(f) for f in args.rate_factors.split(",") if f]
+    sentences = load_sentences(None, 400)
+    short = [s for s in sentences if len(s.split()) <= args.short_words]
+    long = [s for s in sentences if len(s.split()) >= args.long_words]
+    rng = random.Random(args.seed)
+
+    def pick_any():
+        return rng.choice(sentences), "all"
+
+    def pick_mixed():
+        if long and rng.random() < args.long_share:
+            return rng.choice(long), "long"
+        return rng.choice(short or sentences), "short"
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    report = {
+        "config": {
+            "modes": modes,
+            "beams": beams,
+            "concurrency": levels,
+            "rate_factors": factors,
+            "duration_s": args.duration,
+            "threads": args.threads,
+            "model_dir": args.model_dir,
+            "sentences": len(sentences),
+            "short_sentences": len(short),
+            "long_sentences": len(long),
+            "cpu_affinity": sorted(os.sched_getaffinity(0)),
+            "title": args.title or f"batching modes, {args.model_dir}",
+        },
+        "runs": [],
+    }
+    servers = {m: Server(m, args.model_dir, args.threads, args.server_arg, args.out.parent) for m in modes}
+    try:
+        from client import TranslatorClient
+
+        for s in servers.values():
+            with TranslatorClient(s.target, timeout=30) as c:
+                c.wait_until_serving(300)
+
+        def record(res: dict, **tags) -> None:
+            res = tags | res
+            report["runs"].append(res)
+            print(json.dumps(res), flush=True)
+            args.out.write_text(json.dumps(report, indent=2))
+
+        for beam in beams:
+            options = {"beam_size": beam}
+            for mode, server in servers.items():
+                for c in levels:
+                    res = asyncio.run(
+                        measure(
+                            server,
+                            pick_any,
+                            warmup=args.warmup,
+                            duration=args.duration,
+                            concurrency=c,
+                            options=options,
+                        )
+                    )
+                    record(res, mode=mode, beam=beam, kind="closed", concurrency=c)
+                res = asyncio.run(
+                    measure(
+                        server,
+                        pick_mixed,
+                        warmup=args.warmup,
+                        duration=args.duration,
+                        concurrency=args.mixed_concurrency,
+                        options=options,
+                    )
+                )
+                record(res, mode=mode, beam=beam, kind="mixed", concurrency=args.mixed_concurrency)
+            base = [
+                r["sentences_per_s"]
+                for r in report["runs"]
+                if r["beam"] == beam and r["kind"] == "closed" and r["mode"] == "request"
+            ]
+            saturation = max(base) if base else 0.0
+            for f in factors:
+                if saturation <= 0:
+                    break
+                for mode, server in servers.items():
+                    res = asyncio.run(
+                        measure(
+                            server,
+                            pick_any,
+                            warmup=0,
+                            duration=args.duration,
+                            rate=saturation * f,
+                            options=options,
+                        )
+                    )
+                    record(res, mode=mode, beam=beam, kind="open", rate=saturation * f, rate_factor=f)
+    finally:
+        for s in servers.values():
+            s.stop()
+    summary = {}
+    for beam in beams:
+        for mode in modes:
+            closed = [
+                r for r in report["runs"] if r["beam"] == beam and r["mode"] == mode and r["kind"] == "closed"
+            ]
+            best = max(closed, key=lambda r: r["sentences_per_s"], default=None)
+            mixed = next(
+                (
+                    r
+                    for r in report["runs"]
+                    if r["beam"] == beam and r["mode"] == mode and r["kind"] == "mixed"
+                ),
+                None,
+            )
+            summary[f"beam{beam}/{mode}"] = {
+                "max_sentences_per_s": best and best["sentences_per_s"],
+                "at_concurrency": best and best["concurrency"],
+                "p95_ms_there": best and best.get("p95_ms"),
+                "tokens_per_s_there": best and best.get("generated_tokens_per_s"),
+                "mixed_short_p95_ms": mixed and mixed.get("by_class", {}).get("short", {}).get("p95_ms"),
+                "mixed_long_p95_ms": mixed and mixed.get("by_class", {}).get("long", {}).get("p95_ms"),
+            }
+    report["summary"] = summary
+    args.out.write_text(json.dumps(report, indent=2))
+    png = args.plot or args.out.with_suffix(".png")
+    plot(report, png)
+    print(json.dumps(summary, indent=2))
+    print(f"wrote {args.out} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
