@@ -35,7 +35,7 @@ import urllib.request
 from pathlib import Path
 
 from client.core import AsyncTranslatorClient, TranslatorError
-from client.load import load_sentences, percentile
+from client.load import load_sentences, percentile, run_requests
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODES = ("off", "request", "inflight")
@@ -87,8 +87,6 @@ async def drive(
     """Closed loop (concurrency) or open loop (rate); pick() -> (text, class). Per-class latencies."""
     lat: dict[str, list[float]] = {}
     errors: dict[str, int] = {}
-    start = time.perf_counter()
-    end = start + duration
 
     async def one() -> None:
         text, cls = pick()
@@ -100,31 +98,11 @@ async def drive(
             return
         lat.setdefault(cls, []).append(time.perf_counter() - t0)
 
-    if rate > 0:
-        pending: set[asyncio.Task] = set()
-        n = 0
-        while True:
-            due = start + n / rate
-            if due >= end:
-                break
-            await asyncio.sleep(max(0.0, due - time.perf_counter()))
-            n += 1
-            if len(pending) >= max_in_flight:
-                errors["CLIENT_OVERLOAD"] = errors.get("CLIENT_OVERLOAD", 0) + 1
-                continue
-            task = asyncio.create_task(one())
-            pending.add(task)
-            task.add_done_callback(pending.discard)
-        if pending:
-            await asyncio.gather(*pending)
-    else:
-
-        async def worker() -> None:
-            while time.perf_counter() < end:
-                await one()
-
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-    elapsed = time.perf_counter() - start
+    elapsed, overloaded = await run_requests(
+        one, duration=duration, concurrency=concurrency, rate=rate, max_in_flight=max_in_flight
+    )
+    if overloaded:
+        errors["CLIENT_OVERLOAD"] = errors.get("CLIENT_OVERLOAD", 0) + overloaded
     everything = [x for v in lat.values() for x in v]
 
     def stats(values: list[float]) -> dict:

@@ -25,6 +25,7 @@ import random
 import sys
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -86,6 +87,48 @@ class Report:
         return out
 
 
+async def run_requests(
+    one: Callable[[], Awaitable[None]],
+    *,
+    duration: float,
+    concurrency: int = 0,
+    rate: float = 0.0,
+    max_in_flight: int = 512,
+) -> tuple[float, int]:
+    """Call `one()` for `duration` seconds: open loop at `rate` requests/s (arrivals do not wait for
+    answers; at most `max_in_flight` outstanding, further arrivals are counted as client overload), or
+    closed loop with `concurrency` workers. No request starts after `duration`; pending ones are
+    awaited. Returns (elapsed seconds, arrivals skipped as client overload)."""
+    start = time.perf_counter()
+    end = start + duration
+    overloaded = 0
+    if rate > 0:
+        pending: set[asyncio.Task] = set()
+        n = 0
+        while True:
+            due = start + n / rate
+            if due >= end:
+                break
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            n += 1
+            if len(pending) >= max_in_flight:
+                overloaded += 1
+                continue
+            task = asyncio.create_task(one())
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+        if pending:
+            await asyncio.gather(*pending)
+    else:
+
+        async def worker() -> None:
+            while time.perf_counter() < end:
+                await one()
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return time.perf_counter() - start, overloaded
+
+
 async def run_load(
     client: AsyncTranslatorClient,
     sentences: list[str],
@@ -119,35 +162,12 @@ async def run_load(
         counts["ok"] += 1
         counts["segments"] += len(texts)
 
-    start = time.perf_counter()
-    end = start + duration
-    if rate > 0:
-        mode = f"rate {rate:g} req/s"
-        pending: set[asyncio.Task] = set()
-        n = 0
-        while True:
-            due = start + n / rate
-            if due >= end:
-                break
-            await asyncio.sleep(max(0.0, due - time.perf_counter()))
-            n += 1
-            if len(pending) >= max_in_flight:
-                errors["CLIENT_OVERLOAD"] += 1
-                continue
-            task = asyncio.create_task(one())
-            pending.add(task)
-            task.add_done_callback(pending.discard)
-        if pending:
-            await asyncio.gather(*pending)
-    else:
-        mode = f"concurrency {concurrency}"
-
-        async def worker() -> None:
-            while time.perf_counter() < end:
-                await one()
-
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-    elapsed = time.perf_counter() - start
+    mode = f"rate {rate:g} req/s" if rate > 0 else f"concurrency {concurrency}"
+    elapsed, overloaded = await run_requests(
+        one, duration=duration, concurrency=concurrency, rate=rate, max_in_flight=max_in_flight
+    )
+    if overloaded:
+        errors["CLIENT_OVERLOAD"] += overloaded
     report = Report(
         label or client.target,
         client.target,
