@@ -2,9 +2,6 @@
 
 import json
 import shutil
-import sys
-import types
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -178,64 +175,21 @@ def test_missing_checkpoint_is_reported(data_dir, tmp_path):
         evaluate.main(["--model", str(tmp_path), "--data", str(data_dir), "--n", "2"])
 
 
-@dataclass(frozen=True)
-class FakeOptions:
-    beam_size: int = 4
-    num_hypotheses: int = 1
-    max_length: int = 0
-    length_penalty: float = 0.6
-
-
-@dataclass
-class FakeHypothesis:
-    text: str
-    score: float
-    tokens: list
-
-
-class FakeEngine:
-    """Stands in for server.engine.Engine: 'translates' by looking the source up in PAIRS."""
-
-    instances: list = []
-
-    def __init__(self, bundle_dir, *, variant="fp32", device="auto", intra_op_threads=0):
-        self.bundle_dir, self.variant = bundle_dir, variant
-        self.max_source_tokens = 5
-        self.name, self.version, self.providers = "fake", "0", ["CPUExecutionProvider"]
-        self.calls: list = []
-        FakeEngine.instances.append(self)
-
-    def warmup(self):
-        pass
-
-    def count_tokens(self, texts):
-        return [len(t.split()) for t in texts]
-
-    def translate(self, texts, options, cancelled=None):
-        self.calls.append((list(texts), options))
-        lookup = dict(PAIRS)
-        return [[FakeHypothesis(lookup[t], -0.1, [])] for t in texts]
-
-
-def test_onnx_backend_with_fake_engine(data_dir, tmp_path, monkeypatch):
-    fake = types.ModuleType("server.engine")
-    fake.Engine, fake.DecodingOptions = FakeEngine, FakeOptions
-    monkeypatch.setitem(sys.modules, "server.engine", fake)
-    out = tmp_path / "report.json"
+def test_onnx_backend_matches_torch_backend(data_dir, tiny_checkpoint, tiny_bundle, tmp_path):
+    """The engine path of the evaluator scores exactly what the PyTorch reference scores: the fp32
+    engine is token-identical to model.decode, so every output and both metrics agree."""
+    common = ["--data", str(data_dir), "--n", "0", "--beam", "2", "--length-penalty", "0.6"]
+    evaluate.main(["--model", str(tiny_checkpoint), *common, "--json", str(tmp_path / "torch.json")])
     evaluate.main(
-        ["--bundle", str(tmp_path), "--variant", "int8", "--data", str(data_dir), "--n", "0",
-         "--beam", "2", "--json", str(out)]
+        ["--bundle", str(tiny_bundle), "--variant", "fp32", *common, "--json", str(tmp_path / "onnx.json")]
     )  # fmt: skip
-    report = json.loads(out.read_text(encoding="utf-8"))
-    model = report["systems"]["model"]
-    assert model["backend"] == "onnx" and model["variant"] == "int8"
-    engine = FakeEngine.instances[-1]
-    assert engine.variant == "int8"
-    assert all(options.beam_size == 2 and options.num_hypotheses == 1 for _, options in engine.calls)
-    # every segment fits in 5 "tokens" and is translated exactly: perfect scores
-    assert model["skipped_too_long"] == 0
-    assert model["bleu"] == pytest.approx(100.0) and model["chrf"] == pytest.approx(100.0)
-    assert model["placeholders"]["rate"] == 100.0
+    torch_report = json.loads((tmp_path / "torch.json").read_text(encoding="utf-8"))
+    onnx_report = json.loads((tmp_path / "onnx.json").read_text(encoding="utf-8"))
+    model = onnx_report["systems"]["model"]
+    assert model["backend"] == "onnx" and model["variant"] == "fp32" and model["beam"] == 2
+    assert [s["model"] for s in onnx_report["segments"]] == [s["model"] for s in torch_report["segments"]]
+    assert model["bleu"] == torch_report["systems"]["model"]["bleu"]
+    assert model["chrf"] == torch_report["systems"]["model"]["chrf"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -273,14 +227,11 @@ def test_apertium_stream_matches_per_segment_on_multiline():
     assert "%s" in streamed[3]
 
 
-def test_cli_with_apertium_side_by_side(data_dir, tmp_path, monkeypatch, capsys):
+def test_cli_with_apertium_side_by_side(data_dir, tiny_bundle, tmp_path, capsys):
     _apertium_or_skip()
-    fake = types.ModuleType("server.engine")
-    fake.Engine, fake.DecodingOptions = FakeEngine, FakeOptions
-    monkeypatch.setitem(sys.modules, "server.engine", fake)
     out = tmp_path / "report.json"
     evaluate.main(
-        ["--bundle", str(tmp_path), "--data", str(data_dir), "--n", "3", "--apertium", "--json", str(out)]
+        ["--bundle", str(tiny_bundle), "--data", str(data_dir), "--n", "3", "--apertium", "--json", str(out)]
     )
     report = json.loads(out.read_text(encoding="utf-8"))
     assert list(report["systems"]) == ["model", "apertium"]
