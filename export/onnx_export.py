@@ -30,7 +30,7 @@ decoder.onnx (one KV-cached step; N = B * Kc rows, Kc beam rows per sentence, se
               ties to the lower flat index (ONNX TopK), i.e. exactly the stable sort of model/decode.py
 
     The step is exported from `LeanDecoderStepForExport` (2-D rows, Gemm per Linear, constant-shape head
-    reshapes: ~220 nodes instead of ~500; same interface and maths as `DecoderStepForExport`).
+    reshapes: ~220 nodes instead of the ~500 of a straightforward trace of `Transformer.decode_step`).
 
 int8 variant (`quantize_int8`): weight-only 8-bit com.microsoft MatMulNBits (symmetric blocks of 32 along
     K, accuracy_level 4: activations quantized per row and block), so outputs do not depend on the batch.
@@ -76,54 +76,10 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
     return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
-def _step_attention(
-    q: Tensor, past_k: Tensor, past_v: Tensor, k: Tensor, v: Tensor, position: Tensor
-) -> Tensor:
-    """Attention of one new query over [past; new] without materialising the concatenated cache.
-
-    q, k, v (N, H, 1, Dh); past_k, past_v (N, H, C, Dh), C may be 0; entries at index >= position are
-    spare capacity and masked out. One softmax over C + 1 scores."""
-    scale = 1.0 / math.sqrt(q.size(-1))
-    spare = torch.arange(past_k.size(2))[None, :] >= position[:, None]  # (N or 1, C)
-    s_past = torch.matmul(q, past_k.transpose(-1, -2)) * scale  # (N, H, 1, C)
-    s_past = s_past.masked_fill(spare[:, None, None, :], float("-inf"))
-    s_new = (q * k).sum(dim=-1, keepdim=True) * scale  # (N, H, 1, 1)
-    p = torch.softmax(torch.cat([s_past, s_new], dim=-1), dim=-1)  # (N, H, 1, T+1), small
-    return torch.matmul(p[..., :-1], past_v) + p[..., -1:] * v  # (N, H, 1, Dh)
-
-
-def _merge_heads(y: Tensor) -> Tensor:
-    return y.transpose(1, 2).flatten(2)  # (B, H, T, Dh) -> (B, T, D)
-
-
-class EncoderForExport(nn.Module):
-    """src_ids -> memory, src_bias, per decoder layer cross K/V (the same maths as Transformer.encode)."""
-
-    def __init__(self, model: Transformer) -> None:
-        super().__init__()
-        self.m = model
-
-    def forward(self, src_ids: Tensor) -> tuple[Tensor, ...]:
-        m = self.m
-        pad = src_ids.eq(m.config.pad_id)  # (B, S)
-        masked = pad & ~pad.all(dim=-1, keepdim=True)  # all-pad rows attend everywhere
-        src_bias = torch.zeros(pad.shape, dtype=torch.float32).masked_fill(masked, float("-inf"))  # (B, S)
-        bias4 = src_bias[:, None, None, :]  # (B, 1, 1, S)
-        x = m.embed(src_ids) * m.embed_scale + m.pe[: src_ids.size(1)]  # (B, S, D)
-        for layer in m.encoder_layers:
-            q, k, v = layer.self_attn.project_qkv(x)  # (B, H, S, Dh)
-            a = layer.self_attn.out(_merge_heads(_attention(q, k, v, bias4)))
-            x = layer.ln1(x + a)
-            x = layer.ln2(x + layer.ffn(x))
-        outputs: list[Tensor] = [x, src_bias]
-        for k, v in m.cross_kv(x):
-            outputs += [k, v]
-        return tuple(outputs)
-
-
 class LeanEncoderForExport(nn.Module):
-    """EncoderForExport with the same maths in fewer ONNX nodes: Linears on (B*S, D) rows (one Gemm each),
-    heads split with one Reshape + Transpose from a shape tensor computed once."""
+    """src_ids -> memory, src_bias, per decoder layer cross K/V: the maths of Transformer.encode +
+    cross_kv in few ONNX nodes: Linears on (B*S, D) rows (one Gemm each), heads split with one Reshape +
+    Transpose from a shape tensor computed once."""
 
     def __init__(self, model: Transformer) -> None:
         super().__init__()
@@ -159,47 +115,13 @@ class LeanEncoderForExport(nn.Module):
         return tuple(outputs)
 
 
-class DecoderStepForExport(nn.Module):
-    """One KV-cached decoder step, beams grouped per sentence for cross-attention.
-
-    Candidate selection (beam_scores + top-k) is appended to the ONNX graph afterwards (`add_topk`)."""
-
-    def __init__(self, model: Transformer) -> None:
-        super().__init__()
-        self.m = model
-        self.n_layers = model.config.n_decoder_layers
-
-    def forward(
-        self, input_ids: Tensor, position: Tensor, src_bias: Tensor, *kv: Tensor
-    ) -> tuple[Tensor, ...]:
-        m, n = self.m, self.n_layers
-        cross, past = kv[: 2 * n], kv[2 * n :]
-        d = m.config.d_model
-        x = m.embed(input_ids) * m.embed_scale + m.pe[position][:, None]  # (N, 1, D) + (N or 1, 1, D)
-        bias4 = src_bias[:, None, None, :]  # (B, 1, 1, S)
-        new_kv: list[Tensor] = []
-        for i, layer in enumerate(m.decoder_layers):
-            sa: MultiHeadAttention = layer.self_attn
-            q, k, v = sa.project_qkv(x)  # (N, H, 1, Dh)
-            new_kv += [k, v]
-            y = _step_attention(q, past[2 * i], past[2 * i + 1], k, v, position)  # (N, H, 1, Dh)
-            x = layer.ln1(x + sa.out(_merge_heads(y)))  # (N, 1, D)
-            ca: MultiHeadAttention = layer.cross_attn
-            ck, cv = cross[2 * i], cross[2 * i + 1]  # (B, H, S, Dh)
-            q = ca.q(x).reshape(ck.size(0), -1, ca.n_heads, ck.size(3)).transpose(1, 2)  # (B, H, Kc, Dh)
-            y = _attention(q, ck, cv, bias4)  # (B, H, Kc, Dh)
-            y = y.transpose(1, 2).reshape(-1, 1, d)  # (N, 1, D)
-            x = layer.ln2(x + ca.out(y))
-            x = layer.ln3(x + layer.ffn(x))
-        logits = F.linear(x[:, 0], m.embed.weight)  # (N, V), tied projection (Gemm transB=1)
-        return (F.log_softmax(logits.float(), dim=-1), *new_kv)
-
-
 class LeanDecoderStepForExport(nn.Module):
-    """DecoderStepForExport with the same maths written for few ONNX nodes: rows kept 2-D (N, D) so that
+    """One KV-cached decoder step (the maths of Transformer.decode_step, beams grouped per sentence for
+    cross-attention; top-k is appended to the graph by `add_topk`) written for few ONNX nodes: rows kept
+    2-D (N, D) so that
     every Linear is one Gemm, heads split/merged with constant-shape Reshapes (with one query per row the
     head transpose is a no-op), the spare-capacity mask built once for all layers, the cross-attention
-    query reshape built from one shape tensor. About half the nodes of the straightforward export."""
+    query reshape built from one shape tensor."""
 
     def __init__(self, model: Transformer) -> None:
         super().__init__()
@@ -301,7 +223,7 @@ def quiet() -> Iterator[None]:
         root.setLevel(level)
 
 
-def export_encoder(model: Transformer, path: Path, opset: int = OPSET, lean: bool = True) -> None:
+def export_encoder(model: Transformer, path: Path, opset: int = OPSET) -> None:
     n = model.config.n_decoder_layers
     v = model.config.vocab_size
     src = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 0, 0]], dtype=torch.long).clamp(max=v - 1)
@@ -313,7 +235,7 @@ def export_encoder(model: Transformer, path: Path, opset: int = OPSET, lean: boo
         dyn[name] = {0: "batch", 2: "src_len"}
     with torch.no_grad(), quiet():
         torch.onnx.export(
-            (LeanEncoderForExport if lean else EncoderForExport)(model).eval(),
+            LeanEncoderForExport(model).eval(),
             (src,),
             str(path),
             input_names=["src_ids"],
@@ -325,7 +247,7 @@ def export_encoder(model: Transformer, path: Path, opset: int = OPSET, lean: boo
         )
 
 
-def export_decoder(model: Transformer, path: Path, opset: int = OPSET, lean: bool = True) -> None:
+def export_decoder(model: Transformer, path: Path, opset: int = OPSET) -> None:
     cfg = model.config
     n, h, dh = cfg.n_decoder_layers, cfg.n_heads, cfg.d_model // cfg.n_heads
     b, kc, s, t = 2, 2, 5, 3
@@ -349,7 +271,7 @@ def export_decoder(model: Transformer, path: Path, opset: int = OPSET, lean: boo
         dyn[name] = {0: "rows"}
     with torch.no_grad(), quiet():
         torch.onnx.export(
-            (LeanDecoderStepForExport if lean else DecoderStepForExport)(model).eval(),
+            LeanDecoderStepForExport(model).eval(),
             (ids, pos, bias, *cross, *past),
             str(path),
             input_names=decoder_input_names(n),
