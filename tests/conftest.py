@@ -79,6 +79,18 @@ def make_tiny_checkpoint(out: Path, seed: int = 0) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def torch_single_thread() -> Iterator[None]:
+    """Tiny tensors gain nothing from intra-op threads, and thread spinning is very slow on a shared
+    CPU: modules that run PyTorch opt in with `pytestmark = pytest.mark.usefixtures(...)`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "tiny-test")

@@ -24,12 +24,7 @@ TOKENIZER = Path(__file__).resolve().parent.parent / "models" / "en-es-small" / 
 VOCAB = 40
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
 
 def tiny_model(seed: int = 0) -> Transformer:

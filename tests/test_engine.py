@@ -39,13 +39,7 @@ from tests.test_export import (
 )
 from tests.test_export import tiny_model as make_tiny_model
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
 
 @pytest.fixture(scope="module")

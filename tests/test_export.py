@@ -124,12 +124,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyBundle:
     return build_tiny_bundle(tmp_path_factory)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
 
 def session(path: Path) -> ort.InferenceSession:

@@ -12,13 +12,7 @@ from model.model import Transformer, TransformerConfig, label_smoothed_loss, sin
 PAD, BOS, EOS = 0, 1, 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    # Tiny tensors gain nothing from intra-op threads, and thread spinning is very slow on a shared CPU.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
 
 def tiny_model(seed: int = 0, vocab_size: int = 30, d_model: int = 32, layers: int = 2) -> Transformer:
