@@ -278,6 +278,50 @@ class _BoundCache:
 # ----------------------------------------------------------------------------------------- generator
 
 
+def select_candidates(
+    top_s: np.ndarray,
+    top_i: np.ndarray,
+    vocab_size: int,
+    eos_id: int,
+    pad_id: int,
+    beam_sizes: np.ndarray,
+    width: int,
+) -> tuple[np.ndarray, ...]:
+    """One step of the reference beam rule (model/decode.py) for every sentence at once.
+
+    top_s/top_i (B, C): each sentence's best candidates over its beams x vocabulary, ranked (flat index
+    beam * V + token); beam_sizes (B,): K per sentence, which considers its own top 2K only. An EOS
+    candidate ranked below K finishes; the other candidates fill the K live beams in rank order. Returns
+    (beam, tok, top_s, eos_fin, n_live, new_beam, new_tok, new_score): per candidate its beam origin, token,
+    score (padded to `width` columns when C < width) and whether it finishes; per sentence the live-beam
+    count; and the next `width` rows (dead slots: beam 0, pad token, -inf).
+    """
+    K = beam_sizes[:, None]
+    n_cand = top_s.shape[1]
+    rank = np.arange(n_cand)[None, :]
+    beam = top_i // vocab_size
+    tok = top_i - beam * vocab_size
+    finite = (top_s > -np.inf) & (rank < 2 * K)
+    is_eos = tok == eos_id
+    eos_fin = is_eos & finite & (rank < K)
+    cont = finite & ~is_eos
+    csum = np.cumsum(cont, axis=1)
+    live = cont & (csum <= K)
+    n_live = np.minimum(csum[:, -1], beam_sizes)
+    if n_cand < width:  # tiny vocabularies: fewer candidates than rows
+        pad = width - n_cand
+        live = np.pad(live, ((0, 0), (0, pad)))
+        beam, tok = np.pad(beam, ((0, 0), (0, pad))), np.pad(tok, ((0, 0), (0, pad)))
+        top_s = np.pad(top_s, ((0, 0), (0, pad)), constant_values=-np.inf)
+    # Live candidates first, in rank order; slots past n_live are dead beams.
+    order = np.argsort(~live, axis=1, kind="stable")[:, :width]
+    valid = np.arange(width)[None, :] < n_live[:, None]
+    new_beam = np.where(valid, np.take_along_axis(beam, order, axis=1), 0)
+    new_tok = np.where(valid, np.take_along_axis(tok, order, axis=1), pad_id)
+    new_score = np.where(valid, np.take_along_axis(top_s, order, axis=1), -np.inf).astype(np.float32)
+    return beam, tok, top_s, eos_fin, n_live, new_beam, new_tok, new_score
+
+
 class Generator:
     """Id-level decoding over an encoder/decoder graph pair (no tokenizer; used by Engine and tests)."""
 
@@ -477,8 +521,6 @@ class Generator:
         n_fin = np.zeros(n_act, dtype=np.int64)
         past = cache.empty_past(n_act * kc)
         positions = np.arange(max_len, dtype=np.int64)
-        slots = np.arange(K)
-        cand_rank = np.arange(2 * K)
 
         for t in range(max_len):
             if cancelled is not None and t > 0:
@@ -537,27 +579,9 @@ class Generator:
                     finished[b].append((seq, float(s[r]) / lp))
                 done = is_eos | at_limit | ~finite
             else:
-                beam = top_i // V
-                tok = top_i - beam * V
-                finite = top_s > -np.inf
-                is_eos = tok == eos
-                eos_fin = is_eos & finite & (cand_rank[:n_cand] < K)
-                cont = finite & ~is_eos
-                csum = np.cumsum(cont, axis=1)
-                live = cont & (csum <= K)
-                n_live = np.minimum(csum[:, -1], K)
-                if n_cand < K:  # tiny vocabularies: fewer candidates than beams
-                    pad = K - n_cand
-                    live = np.pad(live, ((0, 0), (0, pad)))
-                    beam, tok = np.pad(beam, ((0, 0), (0, pad))), np.pad(tok, ((0, 0), (0, pad)))
-                    top_s = np.pad(top_s, ((0, 0), (0, pad)), constant_values=-np.inf)
-                # Live candidates first, in rank order; slots past n_live are dead beams.
-                order = np.argsort(~live, axis=1, kind="stable")[:, :K]
-                valid = slots < n_live[:, None]
-                new_beam = np.where(valid, np.take_along_axis(beam, order, axis=1), 0)
-                new_tok = np.where(valid, np.take_along_axis(tok, order, axis=1), self.pad_id)
-                new_score = np.where(valid, np.take_along_axis(top_s, order, axis=1), -np.inf)
-                new_score = new_score.astype(np.float32)
+                beam, tok, top_s, eos_fin, n_live, new_beam, new_tok, new_score = select_candidates(
+                    top_s, top_i, V, eos, self.pad_id, np.full(n_act, K), K
+                )
                 rows_e, ranks_e = np.nonzero(eos_fin)
                 for r, rank in zip(rows_e.tolist(), ranks_e.tolist(), strict=True):
                     finished[active[r]].append(
@@ -887,27 +911,9 @@ class DecodeBatch:
         t0 = time.perf_counter()
         top_s, top_i, new_kv = self._cache.step(feed, self.cross, self.past)
         self.steps += 1
-        K = self.beam[:, None]
-        rank = np.arange(n_cand)[None, :]
-        beam = top_i // V
-        tok = top_i - beam * V
-        finite = (top_s > -np.inf) & (rank < 2 * K)  # a sentence considers its own top 2K only
-        is_eos = tok == eos
-        eos_fin = is_eos & finite & (rank < K)
-        cont = finite & ~is_eos
-        csum = np.cumsum(cont, axis=1)
-        live = cont & (csum <= K)
-        n_live = np.minimum(csum[:, -1], self.beam)
-        if n_cand < kc:  # tiny vocabularies: fewer candidates than rows
-            pad = kc - n_cand
-            live = np.pad(live, ((0, 0), (0, pad)))
-            beam, tok = np.pad(beam, ((0, 0), (0, pad))), np.pad(tok, ((0, 0), (0, pad)))
-            top_s = np.pad(top_s, ((0, 0), (0, pad)), constant_values=-np.inf)
-        order = np.argsort(~live, axis=1, kind="stable")[:, :kc]
-        valid = np.arange(kc)[None, :] < n_live[:, None]
-        new_beam = np.where(valid, np.take_along_axis(beam, order, axis=1), 0)
-        new_tok = np.where(valid, np.take_along_axis(tok, order, axis=1), g.pad_id)
-        new_score = np.where(valid, np.take_along_axis(top_s, order, axis=1), -np.inf).astype(np.float32)
+        beam, tok, top_s, eos_fin, n_live, new_beam, new_tok, new_score = select_candidates(
+            top_s, top_i, V, eos, g.pad_id, self.beam, kc
+        )
         at_limit = self.lim <= self.t + 1
         fin = self._finished
         rows_e, ranks_e = np.nonzero(eos_fin)
