@@ -322,6 +322,22 @@ def select_candidates(
     return beam, tok, top_s, eos_fin, n_live, new_beam, new_tok, new_score
 
 
+def select_greedy(
+    top_s: np.ndarray, top_i: np.ndarray, eos_id: int, at_limit: np.ndarray
+) -> tuple[np.ndarray, ...]:
+    """One greedy step (the beam rule with K = 1) for every sentence at once, from each row's best
+    candidate top_s/top_i[:, 0] (lowest id on ties). Returns (tok, score, is_eos, ends, done): the
+    token and score per row; whether it is EOS; whether the row adds its hypothesis now (EOS, or a
+    finite score at the length limit: then the token is appended); whether the row stops."""
+    tok = top_i[:, 0]
+    score = top_s[:, 0]
+    finite = score > -np.inf
+    is_eos = (tok == eos_id) & finite
+    ends = is_eos | (at_limit & finite)
+    done = is_eos | at_limit | ~finite
+    return tok, score, is_eos, ends, done
+
+
 class Generator:
     """Id-level decoding over an encoder/decoder graph pair (no tokenizer; used by Engine and tests)."""
 
@@ -563,21 +579,15 @@ class Generator:
             at_limit = lim <= length
 
             if greedy:
-                # Greedy: the best candidate (lowest id on ties) is EOS -> finished, otherwise it extends.
-                tok = top_i[:, 0]
-                s = top_s[:, 0]
-                finite = s > -np.inf
-                is_eos = (tok == eos) & finite
+                tok, s, is_eos, ends, done = select_greedy(top_s, top_i, eos, at_limit)
                 new_beam = np.zeros((n_act, 1), dtype=np.int64)
                 new_tok = np.ascontiguousarray(tok).reshape(-1, 1)
                 new_score = np.ascontiguousarray(s).reshape(-1, 1)
-                for r in np.flatnonzero(is_eos | (at_limit & finite)):
-                    b = active[r]
+                for r in np.flatnonzero(ends):
                     seq = hist[r, 0, :t].tolist()
                     if not is_eos[r]:
                         seq.append(int(tok[r]))
-                    finished[b].append((seq, float(s[r]) / lp))
-                done = is_eos | at_limit | ~finite
+                    finished[active[r]].append((seq, float(s[r]) / lp))
             else:
                 beam, tok, top_s, eos_fin, n_live, new_beam, new_tok, new_score = select_candidates(
                     top_s, top_i, V, eos, self.pad_id, np.full(n_act, K), K
@@ -690,7 +700,8 @@ class DecodeBatch:
     a.k.a. continuous batching), id level. No threads, no asyncio: the caller owns the loop.
 
     Every sentence's result is the one `Generator.generate` gives it alone (same search rule, same
-    candidates; see tests/test_inflight.py), whatever joins or leaves around it, because:
+    candidates; see the in-flight tests in tests/test_engine.py), whatever joins or leaves around it,
+    because:
 
     * each row carries its own step index: the decoder graph takes per-row `position` (N,), which is
       also the number of valid entries of the row's self-attention cache; longer histories of other
@@ -699,14 +710,25 @@ class DecodeBatch:
       per-sentence cross-attention and top-k stay as they are; rows past a sentence's own beam (and
       beams 1..K-1 at its first step, as in the reference) are dead: score -inf, never selected. The
       first 2K candidates of a sentence over Kc * V are then exactly its candidates over K * V;
-    * the source axis is padded to a multiple of the generator's bucket (8) with a -inf bias, as in
-      the request path.
+    * the source axis is padded to a multiple of the generator's bucket (8) with a -inf bias, and the
+      cache's time axis to a multiple of 16, as in the request path; a sentence's position in the batch
+      does not change its numbers.
 
-    Costs: finished, dropped and cancelled sentences leave the batch at once (their cache rows, cross
-    K/V and bias are compacted away, the source axis is trimmed); a greedy step with no membership change
-    writes the new K/V in place; otherwise one gather of the cache per step (as for beam reorders).
-    Mixed beam sizes pay for dead rows (a greedy sentence next to beam 4 costs 4 rows).
+    Storage has spare capacity on every axis and the live part is a prefix (sentences [0, n), rows
+    [0, n * Kc)), so the graph gets contiguous views and membership changes copy little:
+
+    * admitting writes the new sentences' cross K/V, bias and (empty) cache rows after the live ones;
+    * a sentence that leaves (finished, dropped) is replaced by the last live one (swap-remove: only
+      the moved sentence's rows are copied, not the whole cache);
+    * a greedy step writes the new K/V in place; a beam step gathers the cache by beam origin into a
+      second buffer (as in the request path), which also applies the swap-removes;
+    * the time axis grows by 16 slots when the longest row needs it and shrinks again when long
+      sentences leave (every row attends over all of it, masked); likewise the source axis.
+
+    Mixed beam sizes pay for dead rows (a beam-2 sentence next to beam 4 costs 4 rows).
     """
+
+    ROW_HEADROOM = 2.0  # row capacity = live rows x this when it must grow: admissions rarely copy
 
     def __init__(self, gen: Generator) -> None:
         if not gen.row_positions:
@@ -720,14 +742,16 @@ class DecodeBatch:
         self.kc = 1
         self._finished: list[NBest] = []
         z = np.zeros(0, dtype=np.int64)
+        # Per sentence (n,): beam size, n-best, length limit, step, finished count, source length, alpha.
         self.beam, self.n_best, self.lim, self.t, self.n_fin, self.src_lens = z, z, z, z, z, z
-        self.alpha: list[float] = []
-        self.hist = np.zeros((0, 1, 0), dtype=np.int64)
-        self.tokens = np.zeros((0, 1), dtype=np.int64)
-        self.scores = np.zeros((0, 1), dtype=np.float32)
-        self.past: list[np.ndarray] = []
-        self.bias = np.zeros((0, 0), dtype=np.float32)
-        self.cross: list[np.ndarray] = []
+        self.alpha = np.zeros(0)
+        self.tokens = np.zeros((0, 1), dtype=np.int64)  # (n * Kc, 1) next input token per row
+        self.scores = np.zeros((0, 1), dtype=np.float32)  # (n, Kc) beam scores
+        # Capacity storage; live prefix only.
+        self._kv: list[np.ndarray] = []  # 2L x (row_cap, H, T_cap, Dh) self-attention cache
+        self._cross: list[np.ndarray] = []  # 2L x (n_cap, H, S, Dh) cross-attention K/V
+        self._bias = np.zeros((0, 0), dtype=np.float32)  # (n_cap, S) source bias (-inf = padding)
+        self._hist = np.zeros((0, 1, 0), dtype=np.int64)  # (n_cap, Kc, L) tokens so far per beam
         self.steps = 0
         self.last_step_s = 0.0
 
@@ -739,6 +763,167 @@ class DecodeBatch:
     @property
     def rows(self) -> int:
         return len(self.keys) * self.kc
+
+    @property
+    def past(self) -> list[np.ndarray]:
+        """The live self-attention cache: 2L x (rows, H, T_cap, Dh) views."""
+        r = self.rows
+        return [p[:r] for p in self._kv] if r else []
+
+    @property
+    def source_width(self) -> int:
+        return self._bias.shape[1] if self.keys else 0
+
+    @property
+    def time_capacity(self) -> int:
+        return self._kv[0].shape[2] if self._kv and self.keys else 0
+
+    # ----------------------------------------------------------------------------------- storage
+
+    @staticmethod
+    def _time_slots(need: int) -> int:
+        step = _NumpyCache.CAPACITY_STEP
+        return max(step, -(-need // step) * step)
+
+    def _relayout(self, rows: np.ndarray, row_cap: int, t_cap: int) -> None:
+        """New cache storage (row_cap, H, t_cap, Dh) holding rows `rows` of the live cache first (the
+        rest: whatever finite values the reused buffer holds, masked until written)."""
+        g = self.g
+        like = self._kv or [np.zeros((0, g.n_heads, 0, g.head_dim), dtype=g.kv_dtype)] * (2 * g.n_layers)
+        dest = self._cache._buffers(like, row_cap, t_cap)
+        n = rows.size
+        if self._kv and n:
+            c = min(self._kv[0].shape[2], t_cap)
+            for p, d in zip(self._kv, dest, strict=True):
+                if c == p.shape[2] == t_cap:
+                    np.take(p, rows, axis=0, out=d[:n], mode="clip")  # contiguous, no temporary
+                else:
+                    d[:n, :, :c] = np.take(p[:, :, :c], rows, axis=0)
+        self._kv = dest
+
+    def _set_source(self, n_cap: int, width: int) -> None:
+        """Resize the sentence-level storage (cross K/V, bias) to n_cap sentences x `width` source
+        positions, keeping the live sentences (padding: bias -inf, K/V zeros)."""
+        g = self.g
+        n = len(self.keys)
+        old_w = self._bias.shape[1]
+        w = min(old_w, width)
+        bias = np.full((n_cap, width), -np.inf, dtype=np.float32)
+        bias[:n, :w] = self._bias[:n, :w]
+        cross = []
+        for j in range(2 * g.n_layers):
+            x = np.zeros((n_cap, g.n_heads, width, g.head_dim), dtype=g.kv_dtype)
+            if n:
+                x[:n, :, :w] = self._cross[j][:n, :, :w]
+            cross.append(x)
+        self._bias, self._cross = bias, cross
+
+    def _swap_remove(self, keep: np.ndarray) -> np.ndarray:
+        """perm (n',): new sentence i is old sentence perm[i]. Kept sentences past the new end move
+        into the holes left by leaving ones; everything else stays where it is."""
+        n_new = int(keep.sum())
+        perm = np.arange(n_new)
+        holes = np.flatnonzero(~keep[:n_new])
+        if holes.size:
+            perm[holes] = n_new + np.flatnonzero(keep[n_new:])
+        return perm
+
+    def _move_sentences(self, perm: np.ndarray, moved: np.ndarray) -> None:
+        """Apply perm to the sentence-level storage in place (only the `moved` positions change)."""
+        src = perm[moved]
+        self._bias[moved] = self._bias[src]
+        for x in self._cross:
+            x[moved] = x[src]
+        self._hist[moved] = self._hist[src]
+
+    def _apply_perm_meta(self, perm: np.ndarray) -> None:
+        idx = perm.tolist()
+        self.keys = [self.keys[i] for i in idx]
+        self._finished = [self._finished[i] for i in idx]
+        self.beam, self.n_best, self.lim = self.beam[perm], self.n_best[perm], self.lim[perm]
+        self.t, self.n_fin = self.t[perm], self.n_fin[perm]
+        self.src_lens, self.alpha = self.src_lens[perm], self.alpha[perm]
+
+    def _shrink_source(self) -> None:
+        """Trim the source axis when the widest sentences have left (two buckets of hysteresis)."""
+        if not self.keys:
+            return
+        width = self.g._source_width(self.src_lens)
+        if width + 2 * self.g.source_bucket <= self._bias.shape[1]:
+            self._set_source(self._bias.shape[0], width)
+
+    def _clear(self) -> None:
+        self.keys, self._finished, self.kc = [], [], 1
+        z = np.zeros(0, dtype=np.int64)
+        self.beam, self.n_best, self.lim, self.t, self.n_fin, self.src_lens = z, z, z, z, z, z
+        self.alpha = np.zeros(0)
+        self.tokens = np.zeros((0, 1), dtype=np.int64)
+        self.scores = np.zeros((0, 1), dtype=np.float32)
+
+    def _update_cache(
+        self,
+        perm: np.ndarray,
+        kc_next: int,
+        nb: np.ndarray | None,
+        new_kv: list[np.ndarray] | None,
+        t_keep: np.ndarray,
+    ) -> np.ndarray:
+        """Cache of the next step: sentences perm (swap-remove order) with kc_next rows each, row k of
+        sentence i taken from its row nb[i, k] (None: rows 0..kc_next-1, no reorder), plus this step's
+        K/V of those rows written at their position t_keep (per sentence) when new_kv is given.
+        Returns the sentence positions whose contents moved (for the sentence-level storage)."""
+        kc = self.kc
+        n_new = perm.size
+        moved = np.flatnonzero(perm != np.arange(n_new))
+        need = int(t_keep.max()) + (1 if new_kv is not None else 0)
+        t_cap = self._time_slots(need)
+        same_order = nb is None or np.array_equal(nb, np.broadcast_to(np.arange(kc_next), nb.shape))
+        if kc_next != kc or not same_order or t_cap != self._kv[0].shape[2]:
+            base = np.arange(kc_next)[None, :] if nb is None else nb
+            rows = ((perm * kc)[:, None] + base).reshape(-1)
+            self._relayout(rows, max(self._kv[0].shape[0], rows.size), t_cap)
+            if new_kv is not None:
+                ar, t_rows = np.arange(rows.size), np.repeat(t_keep, kc_next)
+                for p, x in zip(self._kv, new_kv, strict=True):
+                    p[ar, :, t_rows] = x[rows, :, 0]
+            return moved
+        # Same rows, same capacity: write the new K/V where the rows are, then swap-remove.
+        if new_kv is not None:
+            rows = ((perm * kc)[:, None] + np.arange(kc)).reshape(-1)
+            t_rows = np.repeat(t_keep, kc)
+            for p, x in zip(self._kv, new_kv, strict=True):
+                p[rows, :, t_rows] = x[rows, :, 0]
+        if moved.size:
+            dst = ((moved * kc)[:, None] + np.arange(kc)).reshape(-1)
+            src = ((perm[moved] * kc)[:, None] + np.arange(kc)).reshape(-1)
+            for p in self._kv:
+                p[dst] = p[src]
+        return moved
+
+    def _compact(
+        self, perm: np.ndarray, kc_next: int, nb: np.ndarray | None, new_kv: list[np.ndarray] | None
+    ) -> None:
+        """Keep sentences perm (new sentence i = old perm[i], from _swap_remove): per-sentence metadata,
+        cache, cross K/V, bias and history follow; tokens and scores are the caller's."""
+        if perm.size == 0:
+            self._clear()
+            return
+        t_keep = self.t[perm]
+        moved = self._update_cache(perm, kc_next, nb, new_kv, t_keep)
+        src = perm[moved]
+        if moved.size:
+            self._bias[moved] = self._bias[src]
+            for x in self._cross:
+                x[moved] = x[src]
+        if nb is None and kc_next == self.kc:
+            if moved.size:
+                self._hist[moved] = self._hist[src]
+        else:
+            base = np.arange(kc_next)[None, :] if nb is None else nb
+            self._hist = self._hist[perm[:, None], base]  # (n', Kc', L)
+        self._apply_perm_meta(perm)
+        self.kc = kc_next
+        self._shrink_source()
 
     # --------------------------------------------------------------------------------------- admit
 
@@ -758,77 +943,69 @@ class DecodeBatch:
                 new.append(it)
         if not new:
             return done_now
-        n_new = len(new)
+        k_new = len(new)
         lens = np.array([len(it.ids) for it in new], dtype=np.int64)
         width = g._source_width(lens)
-        src = np.full((n_new, width), g.pad_id, dtype=np.int64)
+        src = np.full((k_new, width), g.pad_id, dtype=np.int64)
         for r, it in enumerate(new):
             src[r, : lens[r]] = it.ids
         bias_new, cross_new = self._cache.encode(src)
+
         n_old = len(self.keys)
-        s_old = self.bias.shape[1] if n_old else 0
-        s = max(s_old, width)
-        if n_old:
-            self.bias, self.cross = _pad_source(self.bias, self.cross, s)
-            bias_new, cross_new = _pad_source(bias_new, cross_new, s)
-            self.bias = np.concatenate([self.bias, bias_new])
-            self.cross = [np.concatenate([a, b]) for a, b in zip(self.cross, cross_new, strict=True)]
-        else:
-            self.bias, self.cross = bias_new, list(cross_new)
-        kc_old = self.kc if n_old else 0
-        kc = max([int(it.beam_size) for it in new] + ([self.kc] if n_old else []))
-        # Rows of the next cache: old rows keep their place within their sentence (dead rows added when
-        # Kc grows copy row 0 of their sentence: any finite values do), new sentences get rows of zeros.
-        rows = np.zeros((n_old + n_new, kc), dtype=np.int64)
-        if n_old:
-            rows[:n_old] = np.arange(n_old)[:, None] * kc_old
-            rows[:n_old, :kc_old] += np.arange(kc_old)
-        rows = rows.reshape(-1)[: n_old * kc]
-        need = int(self.t.max()) + 1 if n_old else 1
-        self.past = self._gather_past(rows, n_new * kc, need)
+        n = n_old + k_new
+        kc_old = self.kc if n_old else 1
+        kc = max([int(it.beam_size) for it in new] + [kc_old])
+        # Sentence-level storage: room for n sentences, the source axis as wide as the widest.
+        n_cap, s_cur = self._bias.shape
+        s = max(s_cur, width) if n_old else width
+        if n > n_cap or s != s_cur:
+            self._set_source(max(n, int(n * self.ROW_HEADROOM)) if n > n_cap else n_cap, s)
+        self._bias[n_old:n, :width] = bias_new
+        self._bias[n_old:n, width:] = -np.inf
+        for x, c in zip(self._cross, cross_new, strict=True):
+            x[n_old:n, :, :width] = c
+            x[n_old:n, :, width:] = 0
+        # Cache rows: new sentences get rows after the live ones (their contents are masked until
+        # written). A larger Kc re-lays the old rows out (dead rows copy row 0 of their sentence).
+        r_new = n * kc
+        t_cap = self._time_slots(int(self.t.max()) + 1 if n_old else 1)
+        row_cap = self._kv[0].shape[0] if self._kv else 0
+        t_cur = self._kv[0].shape[2] if self._kv else 0
+        if kc != kc_old or r_new > row_cap or t_cap != t_cur:
+            rows = np.repeat(np.arange(n_old) * kc_old, kc)
+            if n_old:
+                rows = rows.reshape(n_old, kc)
+                rows[:, :kc_old] += np.arange(kc_old)
+            cap = row_cap if r_new <= row_cap else max(r_new, int(r_new * self.ROW_HEADROOM))
+            self._relayout(rows.reshape(-1), cap, t_cap)
+        # History: (n_cap, Kc, L) with L the longest length budget.
+        limit = max(int(it.max_length) for it in new)
+        h_cap, h_kc, h_len = self._hist.shape
+        if n > h_cap or kc != h_kc or limit > h_len:
+            hist = np.zeros((max(n, int(n * self.ROW_HEADROOM)), kc, max(limit, h_len)), dtype=np.int64)
+            if n_old:
+                hist[:n_old, :kc_old, :h_len] = self._hist[:n_old, :kc_old]
+            self._hist = hist
         # Per-sentence state.
         self.keys += [it.key for it in new]
-        self.beam = np.concatenate([self.beam, [it.beam_size for it in new]]).astype(np.int64)
-        self.n_best = np.concatenate([self.n_best, [it.num_hypotheses for it in new]]).astype(np.int64)
-        self.lim = np.concatenate([self.lim, [it.max_length for it in new]]).astype(np.int64)
-        self.t = np.concatenate([self.t, np.zeros(n_new, dtype=np.int64)])
-        self.n_fin = np.concatenate([self.n_fin, np.zeros(n_new, dtype=np.int64)])
-        self.src_lens = np.concatenate([self.src_lens, lens])
-        self.alpha += [float(it.length_penalty) for it in new]
         self._finished += [[] for _ in new]
-        scores = np.full((n_old + n_new, kc), -np.inf, dtype=np.float32)
-        tokens = np.full((n_old + n_new, kc), g.pad_id, dtype=np.int64)
-        hist_len = max(int(self.lim.max()), self.hist.shape[2])
-        hist = np.zeros((n_old + n_new, kc, hist_len), dtype=np.int64)
+        cat = np.concatenate
+        self.beam = cat([self.beam, [it.beam_size for it in new]]).astype(np.int64)
+        self.n_best = cat([self.n_best, [it.num_hypotheses for it in new]]).astype(np.int64)
+        self.lim = cat([self.lim, [it.max_length for it in new]]).astype(np.int64)
+        self.t = cat([self.t, np.zeros(k_new, dtype=np.int64)])
+        self.n_fin = cat([self.n_fin, np.zeros(k_new, dtype=np.int64)])
+        self.src_lens = cat([self.src_lens, lens])
+        self.alpha = cat([self.alpha, [float(it.length_penalty) for it in new]])
+        scores = np.full((n, kc), -np.inf, dtype=np.float32)
+        tokens = np.full((n, kc), g.pad_id, dtype=np.int64)
         if n_old:
             scores[:n_old, :kc_old] = self.scores
             tokens[:n_old, :kc_old] = self.tokens.reshape(n_old, kc_old)
-            hist[:n_old, :kc_old, : self.hist.shape[2]] = self.hist
         scores[n_old:, 0] = 0.0  # step 0: beam 0 only; beams 1..K-1 start dead (the reference's rule)
         tokens[n_old:] = g.bos_id
-        self.scores, self.tokens, self.hist, self.kc = scores, tokens.reshape(-1, 1), hist, kc
+        self.scores, self.tokens, self.kc = scores, tokens.reshape(-1, 1), kc
         return done_now
-
-    def _gather_past(self, rows: np.ndarray, n_fresh: int, need: int) -> list[np.ndarray]:
-        """Rows `rows` of the current cache followed by `n_fresh` rows for new sentences (left as they
-        are: all their entries are masked), in buffers of the smallest capacity (a multiple of 16) that
-        holds `need` time slots: the capacity shrinks again when long sentences leave, since every row
-        attends over all of it (masked)."""
-        g = self.g
-        step = _NumpyCache.CAPACITY_STEP
-        capacity = max(step, -(-need // step) * step)
-        like = self.past or [np.zeros((0, g.n_heads, 0, g.head_dim), dtype=g.kv_dtype)] * (2 * g.n_layers)
-        dest = self._cache._buffers(like, rows.size + n_fresh, capacity)
-        if not self.past or rows.size == 0:
-            return dest
-        c = min(self.past[0].shape[2], capacity)
-        n = rows.size
-        for p, d in zip(self.past, dest, strict=True):
-            if c == p.shape[2] == capacity:
-                np.take(p, rows, axis=0, out=d[:n], mode="clip")  # contiguous, no temporary
-            else:
-                d[:n, :, :c] = np.take(p[:, :, :c], rows, axis=0)
-        return dest
 
     # ---------------------------------------------------------------------------------------- drop
 
@@ -838,126 +1015,83 @@ class DecodeBatch:
         keep = np.array([k not in gone for k in self.keys], dtype=bool)
         if keep.all():
             return 0
-        keep_pos = np.flatnonzero(keep)
-        kc_next = int(self.beam[keep_pos].max()) if keep_pos.size else 1
-        rows = (keep_pos[:, None] * self.kc + np.arange(kc_next)).reshape(-1)
-        self.tokens = self.tokens[rows]
-        self.scores = np.ascontiguousarray(self.scores[keep_pos, :kc_next])
-        self.hist = self.hist[keep_pos, :kc_next]
-        self._apply(keep_pos, kc_next, rows, None, None)
+        kc, n = self.kc, len(self.keys)
+        kc_next = int(self.beam[keep].max()) if keep.any() else 1
+        tokens, scores = self.tokens.reshape(n, kc), self.scores
+        perm = self._swap_remove(keep)
+        self._compact(perm, kc_next, None, None)
+        self.tokens = np.ascontiguousarray(tokens[perm, :kc_next]).reshape(-1, 1)
+        self.scores = np.ascontiguousarray(scores[perm, :kc_next])
         return int((~keep).sum())
-
-    def _apply(
-        self,
-        keep_pos: np.ndarray,
-        kc_next: int,
-        rows: np.ndarray,
-        new_kv: list[np.ndarray] | None,
-        t_write: np.ndarray | None,
-    ) -> None:
-        """Keep sentences keep_pos (in order) with kc_next rows each, cache rows `rows` of the current
-        cache, plus (after a step) this step's K/V of those rows written at index t_write (per row)."""
-        B = len(self.keys)
-        compact = keep_pos.size < B
-        if compact:
-            idx = keep_pos.tolist()
-            self.keys = [self.keys[i] for i in idx]
-            self._finished = [self._finished[i] for i in idx]
-            self.alpha = [self.alpha[i] for i in idx]
-            self.beam, self.n_best, self.lim = self.beam[keep_pos], self.n_best[keep_pos], self.lim[keep_pos]
-            self.t, self.n_fin = self.t[keep_pos], self.n_fin[keep_pos]
-            self.src_lens = self.src_lens[keep_pos]
-        if keep_pos.size == 0:
-            self.past, self.cross, self.kc = [], [], 1
-            self.bias = self.bias[:0]
-            self.hist = self.hist[:0]
-            return
-        if compact:
-            width = self.g._source_width(self.src_lens)
-            self.bias = np.ascontiguousarray(self.bias[keep_pos, :width])
-            self.cross = [np.ascontiguousarray(x[keep_pos, :, :width]) for x in self.cross]
-        cap = self.past[0].shape[2]
-        need = int(t_write.max()) + 1 if t_write is not None else int(self.t.max())
-        same_rows = rows.size == self.past[0].shape[0] and np.array_equal(rows, np.arange(rows.size))
-        if same_rows and need <= cap:
-            past = self.past  # in place (greedy steps without membership change)
-        else:
-            past = self._gather_past(rows, 0, need)
-        if new_kv is not None and t_write is not None:
-            ar = np.arange(rows.size)
-            for p, x in zip(past, new_kv, strict=True):
-                p[ar, :, t_write] = x[rows, :, 0]
-        self.past = past
-        self.kc = kc_next
 
     # ---------------------------------------------------------------------------------------- step
 
     def step(self) -> list[tuple[Any, NBest]]:
         """One decoding step for every running sentence; returns (key, n-best) of the sentences that
         finished (they have left the batch)."""
-        B = len(self.keys)
-        if B == 0:
+        n = len(self.keys)
+        if n == 0:
             return []
         g = self.g
         V, eos, kc = g.vocab_size, g.eos_id, self.kc
-        n_cand = min(2 * kc, kc * V)
+        greedy = kc == 1
         feed = {
             "input_ids": self.tokens,
-            "position": np.repeat(self.t, kc),
-            "src_bias": self.bias,
+            "position": self.t if greedy else np.repeat(self.t, kc),
+            "src_bias": self._bias[:n],
             "beam_scores": self.scores,
-            "num_candidates": np.array([n_cand], dtype=np.int64),
+            "num_candidates": np.array([1 if greedy else min(2 * kc, kc * V)], dtype=np.int64),
         }
         t0 = time.perf_counter()
-        top_s, top_i, new_kv = self._cache.step(feed, self.cross, self.past)
+        top_s, top_i, new_kv = self._cache.step(feed, [x[:n] for x in self._cross], self.past)
         self.steps += 1
-        beam, tok, top_s, eos_fin, n_live, new_beam, new_tok, new_score = select_candidates(
-            top_s, top_i, V, eos, g.pad_id, self.beam, kc
-        )
         at_limit = self.lim <= self.t + 1
-        fin = self._finished
-        rows_e, ranks_e = np.nonzero(eos_fin)
-        for r, rk in zip(rows_e.tolist(), ranks_e.tolist(), strict=True):
-            t = int(self.t[r])
-            lp = gnmt_length_penalty(t + 1, self.alpha[r])
-            fin[r].append((self.hist[r, beam[r, rk], :t].tolist(), float(top_s[r, rk]) / lp))
-        self.n_fin = self.n_fin + eos_fin.sum(axis=1)
-        for r in np.flatnonzero(at_limit).tolist():
-            t = int(self.t[r])
-            lp = gnmt_length_penalty(t + 1, self.alpha[r])
-            for k in range(int(n_live[r])):
-                seq = self.hist[r, new_beam[r, k], :t].tolist()
-                seq.append(int(new_tok[r, k]))
-                fin[r].append((seq, float(new_score[r, k]) / lp))
-        done = at_limit | (self.n_fin >= self.beam) | (n_live == 0)
+        fin, hist, t_all = self._finished, self._hist, self.t.tolist()
+        if greedy:
+            tok, score, is_eos, ends, done = select_greedy(top_s, top_i, eos, at_limit)
+            for r in np.flatnonzero(ends).tolist():
+                t = t_all[r]
+                seq = hist[r, 0, :t].tolist()
+                if not is_eos[r]:
+                    seq.append(int(tok[r]))
+                fin[r].append((seq, float(score[r]) / gnmt_length_penalty(t + 1, float(self.alpha[r]))))
+            new_beam, new_tok, new_score = None, tok.reshape(-1, 1), score.reshape(-1, 1)
+        else:
+            beam, tok, top_s, eos_fin, n_live, new_beam, new_tok, new_score = select_candidates(
+                top_s, top_i, V, eos, g.pad_id, self.beam, kc
+            )
+            rows_e, ranks_e = np.nonzero(eos_fin)
+            for r, rk in zip(rows_e.tolist(), ranks_e.tolist(), strict=True):
+                t = t_all[r]
+                lp = gnmt_length_penalty(t + 1, float(self.alpha[r]))
+                fin[r].append((hist[r, beam[r, rk], :t].tolist(), float(top_s[r, rk]) / lp))
+            self.n_fin = self.n_fin + eos_fin.sum(axis=1)
+            for r in np.flatnonzero(at_limit).tolist():
+                t = t_all[r]
+                lp = gnmt_length_penalty(t + 1, float(self.alpha[r]))
+                for k in range(int(n_live[r])):
+                    seq = hist[r, new_beam[r, k], :t].tolist()
+                    seq.append(int(new_tok[r, k]))
+                    fin[r].append((seq, float(new_score[r, k]) / lp))
+            done = at_limit | (self.n_fin >= self.beam) | (n_live == 0)
         # Stable sort: ties keep the order of finishing (step, then rank), as in the reference.
         out = [
             (self.keys[r], sorted(fin[r], key=lambda h: -h[1])[: int(self.n_best[r])])
             for r in np.flatnonzero(done).tolist()
         ]
-        keep_pos = np.flatnonzero(~done)
-        kc_next = int(self.beam[keep_pos].max()) if keep_pos.size else 1
-        nb = new_beam[keep_pos, :kc_next]  # (B', Kc'): beam origin of each next row
-        rows = ((keep_pos * kc)[:, None] + nb).reshape(-1)
-        t_keep = self.t[keep_pos]
-        hist = self.hist[keep_pos[:, None], nb]  # (B', Kc', L)
-        hist[np.arange(keep_pos.size), :, t_keep] = new_tok[keep_pos, :kc_next]
-        self.hist = hist
-        self.tokens = np.ascontiguousarray(new_tok[keep_pos, :kc_next]).reshape(-1, 1)
-        self.scores = np.ascontiguousarray(new_score[keep_pos, :kc_next])
-        self._apply(keep_pos, kc_next, rows, new_kv, np.repeat(t_keep, kc_next))
-        self.t = self.t + 1
+        keep = ~done
+        kc_next = int(self.beam[keep].max()) if keep.any() else 1
+        perm = self._swap_remove(keep)
+        nb = None if new_beam is None else new_beam[perm, :kc_next]
+        t_keep = self.t[perm]
+        self._compact(perm, kc_next, nb, new_kv)
+        if perm.size:
+            self._hist[np.arange(perm.size), :, t_keep] = new_tok[perm, :kc_next]
+            self.tokens = np.ascontiguousarray(new_tok[perm, :kc_next]).reshape(-1, 1)
+            self.scores = np.ascontiguousarray(new_score[perm, :kc_next], dtype=np.float32)
+            self.t = self.t + 1
         self.last_step_s = time.perf_counter() - t0
         return out
-
-
-def _pad_source(bias: np.ndarray, cross: list[np.ndarray], width: int) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Pad the source axis to `width`: bias -inf (never attended), K/V zeros."""
-    extra = width - bias.shape[1]
-    if extra <= 0:
-        return bias, list(cross)
-    bias = np.pad(bias, ((0, 0), (0, extra)), constant_values=-np.inf)
-    return bias, [np.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0))) for x in cross]
 
 
 # -------------------------------------------------------------------------------------------- engine

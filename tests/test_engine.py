@@ -572,3 +572,28 @@ def test_cache_is_compacted(engine: Engine):
     while len(rb):
         rb.step()
     assert rb.beam.past == []
+
+
+def test_leaving_sentences_cost_a_row_move_not_a_cache_copy(engine: Engine, solo: dict):
+    """Greedy group: a sentence leaving (dropped here) is replaced by the last live one in place (the
+    cache storage is not re-laid out); the source axis shrinks once the widest sentence has left; the
+    others' results are unchanged."""
+    rb = engine.running_batch()
+    greedy = OPTIONS[0]
+    wide = "Delete the selected messages permanently? " * 4
+    texts = [wide, TEXTS[0], TEXTS[2], "Print", "Save changes?"]  # 24 source tokens vs <= 4
+    rb.admit([BatchItem(i, t, greedy) for i, t in enumerate(texts)])
+    g = rb.greedy
+    results: dict = {}
+    before = list(g.keys)
+    storage, width = g._kv[0], g.source_width
+    assert rb.drop([0]) == 1  # the widest, at position 0: the last sentence moves into its place
+    assert g._kv[0] is storage  # rows moved in place, no new layout
+    assert g.keys == [before[-1], *before[1:-1]] and g.rows == len(before) - 1
+    assert g.source_width < width  # 24 -> 8 positions
+    while len(rb):
+        for f in rb.step():
+            results[f.key] = f.hypotheses
+    for key, hyps in results.items():
+        same(hyps, solo[texts[key], greedy])
+    assert set(results) == set(range(1, len(texts)))
