@@ -720,8 +720,9 @@ class DecodeBatch:
     * admitting writes the new sentences' cross K/V, bias and (empty) cache rows after the live ones;
     * a sentence that leaves (finished, dropped) is replaced by the last live one (swap-remove: only
       the moved sentence's rows are copied, not the whole cache);
-    * a greedy step writes the new K/V in place; a beam step gathers the cache by beam origin into a
-      second buffer (as in the request path), which also applies the swap-removes;
+    * a step writes the new K/V in place; a beam step's reorder copies, in place, only the rows whose
+      beam origin changed and only the time slots their sentence has filled (not the capacity of the
+      longest running sentence, as a whole-cache gather would);
     * the time axis grows by 16 slots when the longest row needs it and shrinks again when long
       sentences leave (every row attends over all of it, masked); likewise the source axis.
 
@@ -877,8 +878,7 @@ class DecodeBatch:
         moved = np.flatnonzero(perm != np.arange(n_new))
         need = int(t_keep.max()) + (1 if new_kv is not None else 0)
         t_cap = self._time_slots(need)
-        same_order = nb is None or np.array_equal(nb, np.broadcast_to(np.arange(kc_next), nb.shape))
-        if kc_next != kc or not same_order or t_cap != self._kv[0].shape[2]:
+        if kc_next != kc or t_cap != self._kv[0].shape[2]:
             base = np.arange(kc_next)[None, :] if nb is None else nb
             rows = ((perm * kc)[:, None] + base).reshape(-1)
             self._relayout(rows, max(self._kv[0].shape[0], rows.size), t_cap)
@@ -887,17 +887,29 @@ class DecodeBatch:
                 for p, x in zip(self._kv, new_kv, strict=True):
                     p[ar, :, t_rows] = x[rows, :, 0]
             return moved
-        # Same rows, same capacity: write the new K/V where the rows are, then swap-remove.
+        # Same Kc, same capacity: reorder in place, copying only the rows whose origin changed (beam
+        # reorders, swap-removed sentences) and only the slots their sentence has filled (rounded up
+        # to 16), not the whole capacity of the longest sentence. Each sentence's rows come from its own
+        # old rows (a moved sentence's from past the new end, into a leaving sentence's place), so the
+        # groups never read what another group writes.
+        step = _NumpyCache.CAPACITY_STEP
+        base = np.arange(kc)[None, :] if nb is None else nb
+        src = (perm * kc)[:, None] + base  # (n', Kc): old row of each new row
+        dst = np.arange(n_new * kc).reshape(n_new, kc)
+        changed = src != dst
+        sent = np.flatnonzero(changed.any(axis=1))
+        if sent.size:
+            spans = -(-t_keep[sent] // step) * step
+            for span in np.unique(spans).tolist():
+                grp = sent[spans == span]
+                d, s = dst[grp][changed[grp]], src[grp][changed[grp]]
+                for p in self._kv:
+                    p[d, :, :span] = p[s, :, :span]
         if new_kv is not None:
-            rows = ((perm * kc)[:, None] + np.arange(kc)).reshape(-1)
-            t_rows = np.repeat(t_keep, kc)
+            rows = src.reshape(-1)
+            ar, t_rows = np.arange(rows.size), np.repeat(t_keep, kc)
             for p, x in zip(self._kv, new_kv, strict=True):
-                p[rows, :, t_rows] = x[rows, :, 0]
-        if moved.size:
-            dst = ((moved * kc)[:, None] + np.arange(kc)).reshape(-1)
-            src = ((perm[moved] * kc)[:, None] + np.arange(kc)).reshape(-1)
-            for p in self._kv:
-                p[dst] = p[src]
+                p[ar, :, t_rows] = x[rows, :, 0]
         return moved
 
     def _compact(
