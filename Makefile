@@ -7,7 +7,7 @@ MODEL ?= models/en-es-small
 BUNDLE ?= bundles/en-es-small
 DATA ?= data
 
-.PHONY: help install system-deps run serve bundle corpus tokenizer train evaluate bench proto lint test clean
+.PHONY: help install system-deps run serve bundle corpus tokenizer train evaluate bench bench-batching proto lint test clean
 
 help:
 	@echo "make run        serve the bundled English->Spanish model over gRPC (installs on first use)"
@@ -18,6 +18,7 @@ help:
 	@echo "make evaluate   score $(MODEL) on the test split against Apertium"
 	@echo "make bundle     export $(MODEL) to the ONNX bundle $(BUNDLE)/"
 	@echo "make bench      engine vs PyTorch vs CTranslate2 speed benchmark"
+	@echo "make bench-batching  batching modes (off / request / in-flight) through gRPC, with a plot"
 
 # The virtual environment is rebuilt when the dependency list changes. torch is pinned in
 # pyproject.toml (the CPU wheel); Debian's python3 needs python3-venv for `-m venv`.
@@ -66,6 +67,11 @@ evaluate: install system-deps
 
 bench: install bundle
 	$(PY) -m export.bench --model $(MODEL) --bundle $(BUNDLE) --json bench.json
+
+# Servers on CPU 1 (1 ONNX Runtime thread each, one busy at a time), load generator on the others.
+bench-batching: install bundle
+	$(PY) -m export.step_cost --bundle $(BUNDLE) --threads 1 --json bench-step-cost.json
+	$(PY) -m client.bench_batching --model-dir $(BUNDLE) --out bench-batching.json --server-cpus 1 --threads 1
 
 proto: install
 	$(PY) -m proto.generate

@@ -169,7 +169,7 @@ def summarize(runs: list[dict], beams: list[int], modes: list[str]) -> dict:
         out: dict = {"p95_objective_ms": ref and slo}
         for m in modes:
             best = max(closed[m], key=lambda r: r["sentences_per_s"], default=None)
-            ok = [r for r in mine if r["mode"] == m and r["kind"] == "open" and sustained(r, slo)]
+            ok = [r for r in mine if r["mode"] == m and r["kind"] in ("open", "search") and sustained(r, slo)]
             top = max(ok, key=lambda r: r["sentences_per_s"], default=None)
             mixed = next((r for r in mine if r["mode"] == m and r["kind"] == "mixed"), None)
             by_class = (mixed or {}).get("by_class", {})
@@ -211,15 +211,21 @@ def plot(report: dict, path: Path) -> None:
             for r in closed:
                 if r.get("n"):
                     ax.annotate(f"c{r['concurrency']}", (r["sentences_per_s"], r["p95_ms"]), fontsize=7)
-            opened = [r for r in runs if r["kind"] == "open" and r.get("n")]
+            opened = sorted(
+                (r for r in runs if r["kind"] in ("open", "search") and r.get("n")), key=lambda r: r["rate"]
+            )
             ax.plot(
                 [r["sentences_per_s"] for r in opened],
                 [r["p95_ms"] for r in opened],
-                "s",
+                "s--",
                 color=colors.get(mode),
                 mfc="none",
+                alpha=0.7,
                 label=f"{mode} open loop (p95)",
             )
+        objective = report.get("summary", {}).get(f"beam{beam}", {}).get("p95_objective_ms")
+        if objective:
+            ax.axhline(objective, color="black", lw=0.8, ls=":", label="p95 objective")
         ax.set_title(f"beam {beam}")
         ax.set_xlabel("throughput (sentences/s)")
         ax.set_ylabel("p95 latency (ms)")
@@ -247,6 +253,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--rate-factors",
         default="0.5,0.75,1.0,1.25,1.5,1.75",
         help="open loop rates, x request-level saturation (its best closed-loop sentences/s)",
+    )
+    p.add_argument(
+        "--search-steps",
+        type=int,
+        default=3,
+        help="bisection steps refining each mode's highest open-loop rate within the p95 objective",
     )
     p.add_argument("--duration", type=float, default=8.0, help="seconds per measurement")
     p.add_argument("--warmup", type=float, default=1.0)
@@ -372,6 +384,28 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     )
                     record(res, mode=mode, beam=beam, kind="open", rate=saturation * f, rate_factor=f)
+            # Refine, per batching mode, the highest rate it sustains within the latency objective
+            # (request-level's p95 at saturation) between the sweep's last good and first bad rate.
+            slo = summarize(report["runs"], [beam], modes)[f"beam{beam}"]["p95_objective_ms"]
+            for mode, server in servers.items():
+                if not slo or mode == "off":
+                    continue
+                mine = [
+                    r
+                    for r in report["runs"]
+                    if r["beam"] == beam and r["mode"] == mode and r["kind"] == "open"
+                ]
+                good = [r["rate"] for r in mine if sustained(r, slo)]
+                lo = max(good, default=0.0)
+                hi = min((r["rate"] for r in mine if r["rate"] > lo), default=2 * lo or saturation)
+                for _ in range(args.search_steps):
+                    rate = (lo + hi) / 2
+                    one = measure(
+                        server, pick_any, warmup=0, duration=args.duration, rate=rate, options=options
+                    )
+                    res = asyncio.run(one)
+                    record(res, mode=mode, beam=beam, kind="search", rate=rate, rate_factor=rate / saturation)
+                    lo, hi = (rate, hi) if sustained(report["runs"][-1], slo) else (lo, rate)
     finally:
         for s in servers.values():
             s.stop()
