@@ -786,20 +786,23 @@ class DecodeBatch:
         step = _NumpyCache.CAPACITY_STEP
         return max(step, -(-need // step) * step)
 
-    def _relayout(self, rows: np.ndarray, row_cap: int, t_cap: int) -> None:
-        """New cache storage (row_cap, H, t_cap, Dh) holding rows `rows` of the live cache first (the
-        rest: whatever finite values the reused buffer holds, masked until written)."""
+    def _relayout(self, rows: np.ndarray, filled: np.ndarray, row_cap: int, t_cap: int) -> None:
+        """New cache storage (row_cap, H, t_cap, Dh) holding rows `rows` of the live cache first, each
+        with its first `filled` slots (per row, rounded up to 16: not the whole capacity of the longest
+        sentence); the rest holds whatever finite values the reused buffer has, masked until written."""
         g = self.g
         like = self._kv or [np.zeros((0, g.n_heads, 0, g.head_dim), dtype=g.kv_dtype)] * (2 * g.n_layers)
         dest = self._cache._buffers(like, row_cap, t_cap)
-        n = rows.size
-        if self._kv and n:
-            c = min(self._kv[0].shape[2], t_cap)
-            for p, d in zip(self._kv, dest, strict=True):
-                if c == p.shape[2] == t_cap:
-                    np.take(p, rows, axis=0, out=d[:n], mode="clip")  # contiguous, no temporary
-                else:
-                    d[:n, :, :c] = np.take(p[:, :, :c], rows, axis=0)
+        if self._kv and rows.size:
+            step = _NumpyCache.CAPACITY_STEP
+            spans = np.minimum(-(-filled // step) * step, min(self._kv[0].shape[2], t_cap))
+            for span in np.unique(spans).tolist():
+                if span == 0:
+                    continue
+                sel = np.flatnonzero(spans == span)
+                src = rows[sel]
+                for p, d in zip(self._kv, dest, strict=True):
+                    d[sel, :, :span] = p[src, :, :span]
         self._kv = dest
 
     def _set_source(self, n_cap: int, width: int) -> None:
@@ -881,7 +884,8 @@ class DecodeBatch:
         if kc_next != kc or t_cap != self._kv[0].shape[2]:
             base = np.arange(kc_next)[None, :] if nb is None else nb
             rows = ((perm * kc)[:, None] + base).reshape(-1)
-            self._relayout(rows, max(self._kv[0].shape[0], rows.size), t_cap)
+            filled = np.repeat(t_keep, kc_next)
+            self._relayout(rows, filled, max(self._kv[0].shape[0], rows.size), t_cap)
             if new_kv is not None:
                 ar, t_rows = np.arange(rows.size), np.repeat(t_keep, kc_next)
                 for p, x in zip(self._kv, new_kv, strict=True):
@@ -940,7 +944,7 @@ class DecodeBatch:
     # --------------------------------------------------------------------------------------- admit
 
     def admit(self, items: Sequence[_Item]) -> list[tuple[Any, NBest]]:
-        """Encode `items` (one encoder batch) and merge them into the running batch; they take part
+        """Encode `items` (one encoder batch per source width) and merge them into the batch; they take part
         from the next step() on. Returns the items that finish at once (zero length budget)."""
         g = self.g
         done_now: list[tuple[Any, NBest]] = []
@@ -957,12 +961,8 @@ class DecodeBatch:
             return done_now
         k_new = len(new)
         lens = np.array([len(it.ids) for it in new], dtype=np.int64)
-        width = g._source_width(lens)
-        src = np.full((k_new, width), g.pad_id, dtype=np.int64)
-        for r, it in enumerate(new):
-            src[r, : lens[r]] = it.ids
-        bias_new, cross_new = self._cache.encode(src)
-
+        widths = np.array([g._source_width(lens[r : r + 1]) for r in range(k_new)], dtype=np.int64)
+        width = int(widths.max())
         n_old = len(self.keys)
         n = n_old + k_new
         kc_old = self.kc if n_old else 1
@@ -972,15 +972,24 @@ class DecodeBatch:
         s = max(s_cur, width) if n_old else width
         if n > n_cap or s != s_cur:
             self._set_source(max(n, int(n * self.ROW_HEADROOM)) if n > n_cap else n_cap, s)
-        self._bias[n_old:n, :width] = bias_new
-        self._bias[n_old:n, width:] = -np.inf
-        for x, c in zip(self._cross, cross_new, strict=True):
-            x[n_old:n, :, :width] = c
-            x[n_old:n, :, width:] = 0
+        # One encoder batch per source width (bucket of 8): padding a short source to the longest one
+        # admitted with it would cost more than another encoder call.
+        for w in np.unique(widths).tolist():
+            idx = np.flatnonzero(widths == w)
+            src = np.full((idx.size, w), g.pad_id, dtype=np.int64)
+            for r, i in enumerate(idx.tolist()):
+                src[r, : lens[i]] = new[i].ids
+            bias_new, cross_new = self._cache.encode(src)
+            pos = n_old + idx
+            self._bias[pos, :w] = bias_new
+            self._bias[pos, w:] = -np.inf
+            for x, c in zip(self._cross, cross_new, strict=True):
+                x[pos, :, :w] = c
+                x[pos, :, w:] = 0
         # Cache rows: new sentences get rows after the live ones (their contents are masked until
         # written). A larger Kc re-lays the old rows out (dead rows copy row 0 of their sentence).
         r_new = n * kc
-        t_cap = self._time_slots(int(self.t.max()) + 1 if n_old else 1)
+        t_cap = self._time_slots(int(self.t.max()) if n_old else 1)
         row_cap = self._kv[0].shape[0] if self._kv else 0
         t_cur = self._kv[0].shape[2] if self._kv else 0
         if kc != kc_old or r_new > row_cap or t_cap != t_cur:
@@ -989,7 +998,7 @@ class DecodeBatch:
                 rows = rows.reshape(n_old, kc)
                 rows[:, :kc_old] += np.arange(kc_old)
             cap = row_cap if r_new <= row_cap else max(r_new, int(r_new * self.ROW_HEADROOM))
-            self._relayout(rows.reshape(-1), cap, t_cap)
+            self._relayout(rows.reshape(-1), np.repeat(self.t, kc), cap, t_cap)
         # History: (n_cap, Kc, L) with L the longest length budget.
         limit = max(int(it.max_length) for it in new)
         h_cap, h_kc, h_len = self._hist.shape
@@ -1365,7 +1374,7 @@ class RunningBatch:
         return max(1, options.beam_size) * (max(1, source_tokens) + out)
 
     def admit(self, items: Sequence[BatchItem]) -> list[Finished]:
-        """Tokenize and encode `items` (one encoder batch) and merge them into the running batch.
+        """Tokenize and encode `items` (one encoder batch per source width) and merge them into the batch.
         Returns the items that are already done: blank texts, zero length budgets, and refused ones
         (invalid options, over max_source_tokens: `error` set)."""
         e = self.engine
