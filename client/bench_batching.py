@@ -1,22 +1,26 @@
 """Batching modes benchmark: off vs request-level vs in-flight, on one machine, in one run.
 
-    python -m client.bench_batching --model-dir /tmp/inflight/bundle --out /tmp/inflight/bench.json
+    python -m client.bench_batching --model-dir bundles/en-es-small --out bench-batching.json \
+        --server-cpus 1 --threads 1
 
-Starts one server per mode (`python -m server --batching-mode MODE` on 127.0.0.1, free ports; each
-inherits this process's CPU affinity, so `taskset -c 1 python -m client.bench_batching ...` pins
-everything to one core) and drives them one after the other (only one is busy at a time) with the same
-sentences (data/test.en via model.corpus.read_split, else client/sample.en), one text per request:
+Starts one server per mode (`python -m server --batching-mode MODE` on 127.0.0.1, free ports), pinned
+to --server-cpus with --threads ONNX Runtime threads (this process, the load generator, moves to the
+other CPUs), and drives them one after the other (only one is busy at a time) with the same sentences
+(data/test.en via model.corpus.read_split, else client/sample.en), one text per request:
 
 * closed loop at each --concurrency level, for each --beams size: throughput (sentences/s, generated
   tokens/s from the server's translator_generated_tokens_total) and p50/p95/p99 latency;
-* open loop at --rate-factors x the request-level saturation throughput (its best closed-loop
-  sentences/s), same rates for every mode;
 * a mixed workload (closed loop, --mixed-concurrency): short sentences (<= --short-words words) and
   long ones (>= --long-words), --long-share of the requests long; p95 per class (do short ones still
-  wait for long ones?).
+  wait for long ones?);
+* open loop (Poisson arrivals) at --rate-factors x the request-level saturation throughput (its best
+  closed-loop sentences/s), same rates for every mode;
+* the p95 objective: request-level's p95 at that saturation point. For request and inflight,
+  --search-steps bisection runs refine the highest open-loop rate the mode sustains within it (>= 95%
+  of the offered requests answered, none refused, p95 <= objective).
 
-Writes the JSON report to --out and a PNG plot (latency vs throughput per mode and beam size,
-matplotlib) next to it (or to --plot).
+Writes the JSON report (runs, and a summary with ratios against request-level) to --out and a PNG plot
+(p95 latency vs throughput per mode and beam size, matplotlib) next to it (or to --plot).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -246,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-dir", required=True, help="bundle dir (exported by this version)")
     p.add_argument("--out", type=Path, required=True, help="JSON report path")
     p.add_argument("--plot", type=Path, default=None, help="PNG path (default: --out with .png)")
+    p.add_argument("--log-dir", type=Path, default=None, help="server logs (default: a new temp dir)")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--beams", default="1,4")
     p.add_argument("--concurrency", default="1,4,16,48")
@@ -315,15 +321,16 @@ def main(argv: list[str] | None = None) -> int:
         },
         "runs": [],
     }
+    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="bench-batching-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    print(f"server logs: {log_dir}", file=sys.stderr)
     server_cpus = {int(c) for c in args.server_cpus.split(",") if c}
     if server_cpus and os.sched_getaffinity(0) - server_cpus:
         os.sched_setaffinity(0, os.sched_getaffinity(0) - server_cpus)  # the client keeps off their cores
     report["config"]["server_cpus"] = sorted(server_cpus)
     report["config"]["client_cpus"] = sorted(os.sched_getaffinity(0))
-    servers = {
-        m: Server(m, args.model_dir, args.threads, args.server_arg, args.out.parent, server_cpus or None)
-        for m in modes
-    }
+    cpus = server_cpus or None
+    servers = {m: Server(m, args.model_dir, args.threads, args.server_arg, log_dir, cpus) for m in modes}
     try:
         from client import TranslatorClient
 

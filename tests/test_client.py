@@ -195,3 +195,42 @@ def test_load_cli_json_compares_targets(tiny_server):
     reports = json.loads(p.stdout)
     assert [r["label"] for r in reports] == ["a", "b"]
     assert all(r["ok"] > 0 and r["throughput_rps"] > 0 and "p99" in r["latency_ms"] for r in reports)
+
+
+# ---- batching modes benchmark: the summary's arithmetic ---------------------------------------------
+
+
+def _run(mode: str, kind: str, sent_s: float, p95: float, **extra) -> dict:
+    return {"mode": mode, "beam": 1, "kind": kind, "sentences_per_s": sent_s, "p95_ms": p95, "n": 100} | extra
+
+
+def test_bench_batching_summary_objective_and_sustained_rates(tmp_path):
+    from client.bench_batching import plot, summarize
+
+    def opened(mode, rate, got, p95, errors=None, kind="open"):
+        answered = int(got * 10)  # over 10 s
+        return _run(mode, kind, got, p95, rate=rate, elapsed_s=10.0, sentences=answered, errors=errors or {})
+
+    runs = [
+        _run("request", "closed", 80.0, 300.0, concurrency=4),
+        _run("request", "closed", 100.0, 500.0, concurrency=16),  # saturation: the p95 objective is 500
+        _run("inflight", "closed", 130.0, 650.0, concurrency=16),
+        opened("request", 80.0, 80.0, 200.0),
+        opened("request", 100.0, 97.0, 900.0),  # over the objective
+        opened("inflight", 100.0, 100.0, 150.0),
+        opened("inflight", 120.0, 119.0, 450.0, kind="search"),
+        opened("inflight", 140.0, 120.0, 400.0),  # fell behind: 86% of the offered rate
+        opened("inflight", 130.0, 129.0, 300.0, errors={"RESOURCE_EXHAUSTED": 1}),  # refused some
+        _run("inflight", "mixed", 50.0, 600.0, concurrency=16, by_class={"short": {"p95_ms": 90.0}}),
+    ]
+    s = summarize(runs, [1], ["request", "inflight"])["beam1"]
+    assert s["p95_objective_ms"] == 500.0
+    assert s["request"]["sustained_sentences_per_s_within_objective"] == 80.0
+    assert s["inflight"]["sustained_sentences_per_s_within_objective"] == 119.0
+    assert s["inflight"]["sustained_vs_request_within_objective"] == pytest.approx(119.0 / 80.0)
+    assert s["inflight"]["closed_max_vs_request"] == pytest.approx(1.3)
+    assert s["inflight"]["mixed_short_p95_ms"] == 90.0 and s["request"]["mixed_short_p95_ms"] is None
+    report = {"config": {"beams": [1], "modes": ["request", "inflight"], "title": "t"}, "runs": runs}
+    report["summary"] = {"beam1": s}
+    plot(report, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
