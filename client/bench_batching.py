@@ -346,8 +346,10 @@ def main(argv: list[str] | None = None) -> int:
 
         for beam in beams:
             options = {"beam_size": beam}
-            for mode, server in servers.items():
-                for c in levels:
+            # Modes take turns at each point (not one mode after the other): slow drifts of the
+            # machine's speed then hit all modes alike.
+            for c in levels:
+                for mode, server in servers.items():
                     res = asyncio.run(
                         measure(
                             server,
@@ -359,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     )
                     record(res, mode=mode, beam=beam, kind="closed", concurrency=c)
+            for mode, server in servers.items():
                 res = asyncio.run(
                     measure(
                         server,

@@ -275,6 +275,7 @@ class TranslatorServer:
                 max_wait_ms=cfg.max_wait_ms,
                 max_queue_segments=cfg.max_queue_segments,
                 max_running_tokens=cfg.max_running_tokens,
+                max_running_rows=cfg.max_running_rows or (512 if getattr(engine, "on_cuda", False) else 64),
                 max_admit_wait_steps=cfg.max_admit_wait_steps,
             )
             self.metrics.queue_capacity.set(cfg.max_queue_segments)

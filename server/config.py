@@ -37,6 +37,7 @@ class ServerConfig:
     max_batch_segments: int = 64
     max_wait_ms: float = 10.0  # how long a segment may wait for a batch to fill
     max_running_tokens: int = 16384  # in-flight: KV-cache budget, sum of beam x (source + output budget)
+    max_running_rows: int = 0  # in-flight: decoder rows (sum of beam sizes); 0 = auto (64 CPU, 512 CUDA)
     max_admit_wait_steps: int = 16  # in-flight fairness: steps before skip-ahead stops / preemption
     max_queue_segments: int = 1024  # queued (not yet decoding) segments; beyond: RESOURCE_EXHAUSTED
     max_texts: int = 64  # texts per request
@@ -87,6 +88,8 @@ class ServerConfig:
         ):
             if getattr(self, name) < 1:
                 errors.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_running_rows < 0:
+            errors.append(f"max_running_rows must be >= 0 (0 = auto), got {self.max_running_rows}")
         if self.max_wait_ms < 0:
             errors.append(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
         if self.max_texts > self.max_queue_segments:
@@ -139,6 +142,9 @@ HELP = {
     "max_batch_segments": "segments per engine batch (in-flight: running segments)",
     "max_running_tokens": "in-flight mode: KV-cache budget of the running batch, as the sum of "
     "beam x (source tokens + generation budget) of the running segments",
+    "max_running_rows": "in-flight mode: decoder rows of the running batch (sum of beam sizes); "
+    "0 = auto: 64 on CPU (past that a step costs the same per row, so more rows only slow every "
+    "sentence), 512 on CUDA",
     "max_admit_wait_steps": "in-flight mode: decoding steps the oldest waiting segment may be passed "
     "over before later ones stop skipping ahead and later running ones are preempted",
     "max_wait_ms": "longest wait for a batch to fill, in milliseconds",

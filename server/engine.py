@@ -1207,6 +1207,11 @@ class Engine:
         self.translate(["Hello world.", "Open the file."], DecodingOptions(beam_size=1))
 
     @property
+    def on_cuda(self) -> bool:
+        """Whether the sessions run on the CUDA execution provider."""
+        return bool(self.generator.on_cuda)
+
+    @property
     def supports_inflight(self) -> bool:
         """Whether the bundle's decoder takes per-row positions (needed by running_batch())."""
         return bool(self.generator.row_positions)

@@ -139,6 +139,7 @@ class Scheduler:
         max_wait_ms: float = 10.0,
         max_queue_segments: int = 1024,
         max_running_tokens: int = 16384,
+        max_running_rows: int = 64,
         max_admit_wait_steps: int = 16,
     ) -> None:
         """mode: "request" (default; "off" when batching is False) or "inflight" (needs an engine with
@@ -154,6 +155,7 @@ class Scheduler:
         self.mode = mode
         self.batching = mode != "off"
         self.max_running_tokens = max_running_tokens
+        self.max_running_rows = max_running_rows
         self.max_admit_wait_steps = max_admit_wait_steps
         self.steps = 0  # decoding steps run (in-flight mode)
         self.preempted = 0  # running segments preempted for a starving one (in-flight mode)
@@ -488,7 +490,10 @@ class Scheduler:
     # segments that finished. Admission policy:
     #   * budget: a segment's cost is its KV-cache bound, beam x (source tokens + generation budget)
     #     (RunningBatch.cost); the running cost stays <= max_running_tokens, the running segments
-    #     <= max_batch_segments. A segment larger than the whole budget runs alone.
+    #     <= max_batch_segments, their decoder rows (sum of beam sizes) <= max_running_rows. A segment
+    #     larger than the whole budget runs alone. The rows cap keeps steps short: past a few dozen
+    #     rows a CPU step costs about the same per row (export/step_cost.py), so more rows add little
+    #     throughput but slow every running sentence.
     #   * order: arrival order; a later segment that fits may skip ahead of one that does not.
     #   * fairness: once the oldest waiting segment has been passed over for max_admit_wait_steps
     #     steps, skipping stops and running segments that arrived after it are preempted (dropped and
@@ -500,8 +505,9 @@ class Scheduler:
 
     def _inflight_worker(self) -> None:
         self._rb = self.engine.running_batch()
-        self._running: dict[int, tuple[_Segment, int]] = {}  # seq -> (segment, cost), admission order
+        self._running: dict[int, tuple[_Segment, int, int]] = {}  # seq -> (segment, cost, rows), in order
         self._running_cost = 0
+        self._running_rows = 0
         self._head_seq, self._head_since = -1, 0
         self._window = (time.monotonic(), 0)
         while True:
@@ -525,12 +531,10 @@ class Scheduler:
                 self._cond.wait()
             dead = [
                 k
-                for k, (seg, _) in self._running.items()
+                for k, (seg, _, _) in self._running.items()
                 if seg.job.done or seg.job.cancelled or seg.job.expired(now)
             ]
-            for key in dead:
-                self._running_cost -= self._running[key][1]
-            dead_segs = [self._running.pop(key)[0] for key in dead]
+            dead_segs = [self._pop_running(key) for key in dead]
             admit, preempt = self._admission()
             self._update_gauges()
         for job, error in to_finish:
@@ -573,42 +577,32 @@ class Scheduler:
             self._head_seq, self._head_since = head.seq, self.steps
         starving = self.steps - self._head_since >= self.max_admit_wait_steps
         preempt: list[_Segment] = []
-        cost_of = self._rb.cost
-        need = cost_of(head.tokens, head.job.options) if starving and self._running else 0
-        younger = [(seg, cost) for seg, cost in self._running.values() if seg.seq > head.seq]
-        if (
-            younger
-            and not self._fits(need, len(self._running), self._running_cost)
-            and self._fits(
-                need, len(self._running) - len(younger), self._running_cost - sum(c for _, c in younger)
-            )
-        ):
-            # Preempt the latest-admitted segments that arrived after the head, until it fits (only when
-            # that is enough: otherwise the head waits for older segments, and nobody skips ahead).
-            for key in reversed(list(self._running)):
-                if self._fits(need, len(self._running) - len(preempt), self._running_cost):
-                    break
-                seg, cost = self._running[key]
-                if seg.seq < head.seq:
-                    continue
-                preempt.append(seg)
-                self._running_cost -= cost
-            for seg in preempt:
-                del self._running[seg.seq]
-            if preempt:
-                self.preempted += len(preempt)
-                log.info("preempted %d running segments for a starving one", len(preempt))
-                self._queue = sorted(self._queue + preempt, key=lambda x: x.seq)
-                self._queue_tokens += sum(x.tokens for x in preempt)
+        load = self._load()
+        younger = [(seg, cost, rows) for seg, cost, rows in self._running.values() if seg.seq > head.seq]
+        if starving and younger:
+            need = self._size(head)
+            without = (load[0] - len(younger), *(load[i] - sum(y[i] for y in younger) for i in (1, 2)))
+            if not self._fits(need, load) and self._fits(need, without):
+                # Preempt the latest-admitted segments that arrived after the head, until it fits (only
+                # when that is enough: otherwise the head waits for older ones, and nobody skips ahead).
+                for key in reversed(list(self._running)):
+                    if self._fits(need, self._load()):
+                        break
+                    if self._running[key][0].seq > head.seq:
+                        preempt.append(self._pop_running(key))
+                if preempt:
+                    self.preempted += len(preempt)
+                    log.info("preempted %d running segments for a starving one", len(preempt))
+                    self._queue = sorted(self._queue + preempt, key=lambda x: x.seq)
+                    self._queue_tokens += sum(x.tokens for x in preempt)
+                    load = self._load()
         admit: list[_Segment] = []
-        n_running, cost_running = len(self._running), self._running_cost
         for seg in self._queue:
-            cost = cost_of(seg.tokens, seg.job.options)
-            if n_running == 0 or self._fits(cost, n_running, cost_running):
+            size = self._size(seg)
+            if load[0] == 0 or self._fits(size, load):
                 admit.append(seg)
-                n_running += 1
-                cost_running += cost
-            elif starving or n_running >= self.max_batch_segments:
+                load = (load[0] + 1, load[1] + size[1], load[2] + size[2])
+            elif starving or load[0] >= self.max_batch_segments:
                 break  # no skipping ahead of a starving head
         if admit:
             chosen = set(map(id, admit))
@@ -616,8 +610,25 @@ class Scheduler:
             self._queue_tokens -= sum(x.tokens for x in admit)
         return admit, preempt
 
-    def _fits(self, cost: int, n_running: int, cost_running: int) -> bool:
-        return n_running < self.max_batch_segments and cost_running + cost <= self.max_running_tokens
+    def _size(self, seg: _Segment) -> tuple[int, int, int]:
+        """What a segment adds to the running batch: (segments, KV-cache cost, decoder rows)."""
+        options = seg.job.options
+        return 1, self._rb.cost(seg.tokens, options), max(1, options.beam_size)
+
+    def _load(self) -> tuple[int, int, int]:
+        return len(self._running), self._running_cost, self._running_rows
+
+    def _fits(self, size: tuple[int, int, int], load: tuple[int, int, int]) -> bool:
+        n, cost, rows = (a + b for a, b in zip(size, load, strict=True))
+        return (
+            n <= self.max_batch_segments and cost <= self.max_running_tokens and rows <= self.max_running_rows
+        )
+
+    def _pop_running(self, key: int) -> _Segment:
+        seg, cost, rows = self._running.pop(key)
+        self._running_cost -= cost
+        self._running_rows -= rows
+        return seg
 
     def _admit(self, admit: list[_Segment], now: float) -> list[_Segment]:
         """Encode and merge `admit` into the running batch; returns those now running."""
@@ -630,8 +641,10 @@ class Scheduler:
                 self.metrics.queue_wait.observe(now - seg.enqueued_at)
         rb = self._rb
         for seg in admit:
-            self._running[seg.seq] = (seg, rb.cost(seg.tokens, seg.job.options))
-            self._running_cost += self._running[seg.seq][1]
+            _, cost, rows = self._size(seg)
+            self._running[seg.seq] = (seg, cost, rows)
+            self._running_cost += cost
+            self._running_rows += rows
         if self.metrics is not None:
             self.metrics.batch_segments.observe(len(admit))
             self.metrics.batch_tokens.observe(sum(s.tokens for s in admit))
@@ -642,11 +655,9 @@ class Scheduler:
     def _finish_items(self, finished: list[Any], now: float) -> None:
         n = 0
         for f in finished:
-            item = self._running.pop(f.key, None)
-            if item is None:
+            if f.key not in self._running:
                 continue
-            seg, cost = item
-            self._running_cost -= cost
+            seg = self._pop_running(f.key)
             if f.error is not None:
                 invalid = isinstance(f.error, ValueError)
                 self._count("failed")
@@ -670,9 +681,9 @@ class Scheduler:
         log.exception("engine failed on the running batch (%d segments)", len(self._running))
         if self.metrics is not None:
             self.metrics.engine_errors.inc()
-        segs = [seg for seg, _ in self._running.values()]
+        segs = [seg for seg, _, _ in self._running.values()]
         self._running.clear()
-        self._running_cost = 0
+        self._running_cost = self._running_rows = 0
         self._count("failed", len(segs))
         for job in dict.fromkeys(seg.job for seg in segs):
             self._finish(job, EngineFailure(f"translation failed: {e}"))

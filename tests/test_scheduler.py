@@ -321,6 +321,32 @@ def test_inflight_budget_and_fairness_preempt_later_arrivals(engine):
     assert c.finished_at > b.finished_at  # C waited for B once preempted
 
 
+def test_inflight_rows_cap_bounds_the_running_batch(engine):
+    """max_running_rows counts beam rows: with 8 rows, at most two beam-4 segments (or one beam-4 and
+    four greedy ones) decode together; everything still finishes with its solo result."""
+    scheduler, metrics = make_scheduler(engine, mode="inflight", max_running_rows=8)
+    plan = [(t, BEAM4) for t in TEXTS[:5]] + [(t, GREEDY) for t in TEXTS[3:]]
+
+    async def main():
+        return await asyncio.gather(*(scheduler.run(job(engine, [t], o)) for t, o in plan))
+
+    try:
+        jobs = asyncio.run(main())
+    finally:
+        scheduler.stop(10)
+    for (text, options), j in zip(plan, jobs, strict=True):
+        assert j.results[0][0].tokens == engine.translate([text], options)[0][0].tokens
+    buckets = {
+        s.labels["le"]: s.value
+        for m in metrics.registry.collect()
+        for s in m.samples
+        if s.name == "translator_batch_rows_bucket"
+    }
+    steps = scheduler.steps
+    assert steps > 0 and buckets["8.0"] == steps  # no step ran more than 8 rows
+    assert scheduler._running_rows == 0 and scheduler._running_cost == 0
+
+
 def test_inflight_falls_back_without_per_row_positions(engine, monkeypatch):
     monkeypatch.setattr(engine.generator, "row_positions", False)
     scheduler, _ = make_scheduler(engine, mode="inflight")
