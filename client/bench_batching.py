@@ -197,6 +197,33 @@ def summarize(runs: list[dict], beams: list[int], modes: list[str]) -> dict:
     return summary
 
 
+def markdown(summary: dict) -> str:
+    """The summary as a Markdown table (README)."""
+
+    def num(x: float | None, fmt: str = ".0f") -> str:
+        return "-" if x is None else format(x, fmt)
+
+    lines = [
+        "| beam | mode | closed loop: best sent/s (clients) | p95 ms there | sustained sent/s within the p95"
+        " objective | vs request | short p95 ms, mixed | long p95 ms, mixed |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for key, per_beam in summary.items():
+        objective = per_beam.get("p95_objective_ms")
+        for mode, s in per_beam.items():
+            if not isinstance(s, dict):
+                continue
+            closed = f"{num(s['closed_max_sentences_per_s'], '.1f')} ({s['closed_max_at_concurrency']})"
+            ratio = s.get("sustained_vs_request_within_objective")
+            beam = f"{key[4:]} (objective {num(objective)} ms)"
+            lines.append(
+                f"| {beam} | {mode} | {closed} | {num(s['closed_max_p95_ms'])} "
+                f"| {num(s['sustained_sentences_per_s_within_objective'], '.1f')} | {num(ratio, '.2f')} "
+                f"| {num(s['mixed_short_p95_ms'])} | {num(s['mixed_long_p95_ms'])} |"
+            )
+    return "\n".join(lines)
+
+
 def plot(report: dict, path: Path) -> None:
     import matplotlib
 
@@ -420,10 +447,12 @@ def main(argv: list[str] | None = None) -> int:
         for s in servers.values():
             s.stop()
     report["summary"] = summarize(report["runs"], beams, modes)
+    report["markdown"] = markdown(report["summary"])
     args.out.write_text(json.dumps(report, indent=2))
     png = args.plot or args.out.with_suffix(".png")
     plot(report, png)
     print(json.dumps(report["summary"], indent=2))
+    print(report["markdown"])
     print(f"wrote {args.out} and {png}")
     return 0
 

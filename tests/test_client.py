@@ -205,7 +205,7 @@ def _run(mode: str, kind: str, sent_s: float, p95: float, **extra) -> dict:
 
 
 def test_bench_batching_summary_objective_and_sustained_rates(tmp_path):
-    from client.bench_batching import plot, summarize
+    from client.bench_batching import markdown, plot, summarize
 
     def opened(mode, rate, got, p95, errors=None, kind="open"):
         answered = int(got * 10)  # over 10 s
@@ -230,6 +230,8 @@ def test_bench_batching_summary_objective_and_sustained_rates(tmp_path):
     assert s["inflight"]["sustained_vs_request_within_objective"] == pytest.approx(119.0 / 80.0)
     assert s["inflight"]["closed_max_vs_request"] == pytest.approx(1.3)
     assert s["inflight"]["mixed_short_p95_ms"] == 90.0 and s["request"]["mixed_short_p95_ms"] is None
+    table = markdown({"beam1": s})
+    assert "| 1 (objective 500 ms) | inflight | 130.0 (16) | 650 | 119.0 | 1.49 | 90 | - |" in table
     report = {"config": {"beams": [1], "modes": ["request", "inflight"], "title": "t"}, "runs": runs}
     report["summary"] = {"beam1": s}
     plot(report, tmp_path / "plot.png")
