@@ -32,7 +32,7 @@ class ServerConfig:
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # ONNX Runtime intra-op threads; 0 = ONNX Runtime default
     batching: bool = True  # False: every engine batch holds segments of one request only (= mode off)
-    batching_mode: str = "request"  # request | inflight | off (batching=false forces off)
+    batching_mode: str = "inflight"  # inflight | request | off (batching=false forces off)
     max_batch_tokens: int = 4096  # padded source tokens per engine batch
     max_batch_segments: int = 64
     max_wait_ms: float = 10.0  # how long a segment may wait for a batch to fill

@@ -6,10 +6,11 @@ length join it while the padded token budget (``max_batch_tokens``, counted as p
 beam size) and ``max_batch_segments`` allow, and a batch leaves as soon as it is full or its oldest
 segment has waited ``max_wait_ms``. With batching off, a batch holds segments of one request only.
 
-Modes (``mode``): ``request`` (above), ``off`` (one request per engine batch) and ``inflight``: one
-running decode batch (the engine's RunningBatch) that waiting segments join and finished ones leave at
-every decoding-step boundary; see `Scheduler._inflight_worker` for the admission policy (token budget
-over the KV cache, FIFO with skip-ahead, and a fairness bound).
+Modes (``mode``): ``request`` (above; this class's default), ``off`` (one request per engine batch) and
+``inflight`` (the server's default): one running decode batch (the engine's RunningBatch) that
+waiting segments join and finished ones leave at every decoding-step boundary; see the comment above
+`Scheduler._inflight_worker` for the admission policy (KV-cache token budget, decoder rows cap, FIFO
+with skip-ahead, and a fairness bound).
 
 Results are routed back to each caller's asyncio future. A request that is cancelled or whose
 deadline passes leaves the queue at once and a running batch at the engine's next decoding step

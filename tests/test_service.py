@@ -216,7 +216,8 @@ def test_deadline_mid_decode(tiny_server, client_for):
 
 
 def test_client_cancel_mid_decode_leaves_batchmates_alone(start_server, tiny_bundle):
-    server = start_server(tiny_bundle, max_wait_ms=300, max_texts=32)
+    # Request-level batching: A and B share one engine batch (in-flight: tests/test_scheduler.py).
+    server = start_server(tiny_bundle, batching_mode="request", max_wait_ms=300, max_texts=32)
     b_texts = SENTENCES[:4]
     with TranslatorClient(server.target, timeout=60) as c:
         b_alone = [t.text for t in c.translate(b_texts, **LONG)]
@@ -254,7 +255,11 @@ def test_client_cancel_mid_decode_leaves_batchmates_alone(start_server, tiny_bun
 
 
 def test_queue_overflow_is_resource_exhausted(start_server, tiny_bundle):
-    server = start_server(tiny_bundle, max_wait_ms=1, max_queue_segments=32, max_texts=32)
+    # Request-level batching: the first request's 32 segments all leave the queue at once (in-flight
+    # admits them as running rows free up); the queue check itself is shared by both modes.
+    server = start_server(
+        tiny_bundle, batching_mode="request", max_wait_ms=1, max_queue_segments=32, max_texts=32
+    )
     opts = pb.DecodingOptions(**LONG)
     with grpc.insecure_channel(server.target) as channel:
         stub = pb_grpc.TranslatorStub(channel)
