@@ -739,15 +739,7 @@ class DecodeBatch:
             )
         self.g = gen
         self._cache = _NumpyCache(gen)  # own double buffers (the request path keeps its own)
-        self.keys: list[Any] = []
-        self.kc = 1
-        self._finished: list[NBest] = []
-        z = np.zeros(0, dtype=np.int64)
-        # Per sentence (n,): beam size, n-best, length limit, step, finished count, source length, alpha.
-        self.beam, self.n_best, self.lim, self.t, self.n_fin, self.src_lens = z, z, z, z, z, z
-        self.alpha = np.zeros(0)
-        self.tokens = np.zeros((0, 1), dtype=np.int64)  # (n * Kc, 1) next input token per row
-        self.scores = np.zeros((0, 1), dtype=np.float32)  # (n, Kc) beam scores
+        self._clear()  # per-sentence state
         # Capacity storage; live prefix only.
         self._kv: list[np.ndarray] = []  # 2L x (row_cap, H, T_cap, Dh) self-attention cache
         self._cross: list[np.ndarray] = []  # 2L x (n_cap, H, S, Dh) cross-attention K/V
@@ -773,11 +765,8 @@ class DecodeBatch:
 
     @property
     def source_width(self) -> int:
+        """Source positions every running sentence's cross-attention spans (padded)."""
         return self._bias.shape[1] if self.keys else 0
-
-    @property
-    def time_capacity(self) -> int:
-        return self._kv[0].shape[2] if self._kv and self.keys else 0
 
     # ----------------------------------------------------------------------------------- storage
 
@@ -857,12 +846,16 @@ class DecodeBatch:
             self._set_source(self._bias.shape[0], width)
 
     def _clear(self) -> None:
-        self.keys, self._finished, self.kc = [], [], 1
+        """No running sentences (the storage stays, for reuse)."""
+        self.keys: list[Any] = []
+        self._finished: list[NBest] = []
+        self.kc = 1  # rows per sentence: the largest running beam
         z = np.zeros(0, dtype=np.int64)
+        # Per sentence (n,): beam size, n-best, length limit, step, finished count, source length, alpha.
         self.beam, self.n_best, self.lim, self.t, self.n_fin, self.src_lens = z, z, z, z, z, z
         self.alpha = np.zeros(0)
-        self.tokens = np.zeros((0, 1), dtype=np.int64)
-        self.scores = np.zeros((0, 1), dtype=np.float32)
+        self.tokens = np.zeros((0, 1), dtype=np.int64)  # (n * Kc, 1) next input token per row
+        self.scores = np.zeros((0, 1), dtype=np.float32)  # (n, Kc) beam scores
 
     def _update_cache(
         self,
