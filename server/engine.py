@@ -821,14 +821,6 @@ class DecodeBatch:
             perm[holes] = n_new + np.flatnonzero(keep[n_new:])
         return perm
 
-    def _move_sentences(self, perm: np.ndarray, moved: np.ndarray) -> None:
-        """Apply perm to the sentence-level storage in place (only the `moved` positions change)."""
-        src = perm[moved]
-        self._bias[moved] = self._bias[src]
-        for x in self._cross:
-            x[moved] = x[src]
-        self._hist[moved] = self._hist[src]
-
     def _apply_perm_meta(self, perm: np.ndarray) -> None:
         idx = perm.tolist()
         self.keys = [self.keys[i] for i in idx]
