@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import hashlib
 import json
 import os
 import platform
@@ -43,6 +42,7 @@ from torch import Tensor
 from model.decode import beam_search, greedy_decode, max_output_length
 from model.model import KV, Transformer
 from model.tokenizer import Tokenizer
+from server.bundle import sha256_file
 
 LENGTH_PENALTY = 0.6
 SETTINGS = {  # name -> (batch size, beam size)
@@ -405,14 +405,6 @@ def print_profile(rep: dict) -> None:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -455,7 +447,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         snapshot = tmp / "model"
         shutil.copytree(args.model, snapshot)
-        model_sha = sha256(snapshot / "model.safetensors")
+        model_sha = sha256_file(snapshot / "model.safetensors")
         from model.corpus import read_split
         from model.train import load_release
 

@@ -33,7 +33,6 @@ flush.) ``--apertium-mode per-segment`` runs ``apertium -u <pair>`` once per seg
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import random
@@ -52,7 +51,7 @@ from pathlib import Path
 import sacrebleu
 from tqdm import tqdm
 
-from model.corpus import read_split
+from model.corpus import read_split, sha256_file
 from model.tokenizer import MODEL_FILE, find_placeholders
 
 DEFAULT_SEED = 20240607
@@ -140,10 +139,6 @@ def snapshot_model_dir(model_dir: Path, attempts: int = 5) -> Iterator[Path]:
         yield copy
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _length_batches(lengths: Sequence[int], batch_size: int, max_tokens: int) -> list[list[int]]:
     """Indices sorted by length, cut into batches of <= batch_size rows and <= max_tokens padded tokens."""
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
@@ -189,7 +184,7 @@ def translate_torch(
         info: dict = {
             "backend": "torch",
             "model_dir": str(model_dir),
-            "model_sha256": _sha256(snapshot / "model.safetensors"),
+            "model_sha256": sha256_file(snapshot / "model.safetensors"),
             "device": str(torch_device),
             "threads": torch.get_num_threads(),
             "beam": beam,
