@@ -108,6 +108,13 @@ class Job:
         return sum(self.token_counts)
 
 
+_SMALLEST = (1, 1, 1)  # (segments, KV-cache cost, rows): no segment adds less to a running batch
+
+
+def _add(a: tuple[int, int, int], b: tuple[int, int, int]) -> tuple[int, int, int]:
+    return a[0] + b[0], a[1] + b[1], a[2] + b[2]
+
+
 @dataclass(eq=False)
 class _Segment:
     job: Job
@@ -579,8 +586,8 @@ class Scheduler:
         starving = self.steps - self._head_since >= self.max_admit_wait_steps
         preempt: list[_Segment] = []
         load = self._load()
-        younger = [(seg, cost, rows) for seg, cost, rows in self._running.values() if seg.seq > head.seq]
-        if starving and younger:
+        younger = [r for r in self._running.values() if r[0].seq > head.seq] if starving else []
+        if younger:
             need = self._size(head)
             without = (load[0] - len(younger), *(load[i] - sum(y[i] for y in younger) for i in (1, 2)))
             if not self._fits(need, load) and self._fits(need, without):
@@ -602,9 +609,9 @@ class Scheduler:
             size = self._size(seg)
             if load[0] == 0 or self._fits(size, load):
                 admit.append(seg)
-                load = (load[0] + 1, load[1] + size[1], load[2] + size[2])
-            elif starving or load[0] >= self.max_batch_segments:
-                break  # no skipping ahead of a starving head
+                load = _add(size, load)
+            elif starving or not self._fits(_SMALLEST, load):
+                break  # no skipping ahead of a starving head; or nothing further can fit
         if admit:
             chosen = set(map(id, admit))
             self._queue = [x for x in self._queue if id(x) not in chosen]
@@ -620,7 +627,7 @@ class Scheduler:
         return len(self._running), self._running_cost, self._running_rows
 
     def _fits(self, size: tuple[int, int, int], load: tuple[int, int, int]) -> bool:
-        n, cost, rows = (a + b for a, b in zip(size, load, strict=True))
+        n, cost, rows = _add(size, load)
         return (
             n <= self.max_batch_segments and cost <= self.max_running_tokens and rows <= self.max_running_rows
         )
