@@ -365,41 +365,34 @@ def main(argv: list[str] | None = None) -> int:
             with TranslatorClient(s.target, timeout=30) as c:
                 c.wait_until_serving(300)
 
-        def record(res: dict, **tags) -> None:
-            res = tags | res
+        def point(mode: str, beam: int, kind: str, pick, *, warmup: float = 0.0, **load) -> dict:
+            """Measure one load point on `mode`'s server and record it. load: concurrency= (closed
+            loop) or rate= (open loop), plus tags (rate_factor=)."""
+            drive_load = {k: v for k, v in load.items() if k in ("concurrency", "rate")}
+            res = asyncio.run(
+                measure(
+                    servers[mode],
+                    pick,
+                    warmup=warmup,
+                    duration=args.duration,
+                    options={"beam_size": beam},
+                    **drive_load,
+                )
+            )
+            res = {"mode": mode, "beam": beam, "kind": kind, **load} | res
             report["runs"].append(res)
             print(json.dumps(res), flush=True)
             args.out.write_text(json.dumps(report, indent=2))
+            return res
 
         for beam in beams:
-            options = {"beam_size": beam}
             # Modes take turns at each point (not one mode after the other): slow drifts of the
             # machine's speed then hit all modes alike.
             for c in levels:
-                for mode, server in servers.items():
-                    res = asyncio.run(
-                        measure(
-                            server,
-                            pick_any,
-                            warmup=args.warmup,
-                            duration=args.duration,
-                            concurrency=c,
-                            options=options,
-                        )
-                    )
-                    record(res, mode=mode, beam=beam, kind="closed", concurrency=c)
-            for mode, server in servers.items():
-                res = asyncio.run(
-                    measure(
-                        server,
-                        pick_mixed,
-                        warmup=args.warmup,
-                        duration=args.duration,
-                        concurrency=args.mixed_concurrency,
-                        options=options,
-                    )
-                )
-                record(res, mode=mode, beam=beam, kind="mixed", concurrency=args.mixed_concurrency)
+                for mode in modes:
+                    point(mode, beam, "closed", pick_any, warmup=args.warmup, concurrency=c)
+            for mode in modes:
+                point(mode, beam, "mixed", pick_mixed, warmup=args.warmup, concurrency=args.mixed_concurrency)
             base = [
                 r["sentences_per_s"]
                 for r in report["runs"]
@@ -409,22 +402,12 @@ def main(argv: list[str] | None = None) -> int:
             for f in factors:
                 if saturation <= 0:
                     break
-                for mode, server in servers.items():
-                    res = asyncio.run(
-                        measure(
-                            server,
-                            pick_any,
-                            warmup=0,
-                            duration=args.duration,
-                            rate=saturation * f,
-                            options=options,
-                        )
-                    )
-                    record(res, mode=mode, beam=beam, kind="open", rate=saturation * f, rate_factor=f)
+                for mode in modes:
+                    point(mode, beam, "open", pick_any, rate=saturation * f, rate_factor=f)
             # Refine, per batching mode, the highest rate it sustains within the latency objective
             # (request-level's p95 at saturation) between the sweep's last good and first bad rate.
             slo = summarize(report["runs"], [beam], modes)[f"beam{beam}"]["p95_objective_ms"]
-            for mode, server in servers.items():
+            for mode in modes:
                 if not slo or mode == "off":
                     continue
                 mine = [
@@ -437,12 +420,8 @@ def main(argv: list[str] | None = None) -> int:
                 hi = min((r["rate"] for r in mine if r["rate"] > lo), default=2 * lo or saturation)
                 for _ in range(args.search_steps):
                     rate = (lo + hi) / 2
-                    one = measure(
-                        server, pick_any, warmup=0, duration=args.duration, rate=rate, options=options
-                    )
-                    res = asyncio.run(one)
-                    record(res, mode=mode, beam=beam, kind="search", rate=rate, rate_factor=rate / saturation)
-                    lo, hi = (rate, hi) if sustained(report["runs"][-1], slo) else (lo, rate)
+                    res = point(mode, beam, "search", pick_any, rate=rate, rate_factor=rate / saturation)
+                    lo, hi = (rate, hi) if sustained(res, slo) else (lo, rate)
     finally:
         for s in servers.values():
             s.stop()
