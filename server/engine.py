@@ -729,7 +729,7 @@ class DecodeBatch:
     Mixed beam sizes pay for dead rows (a beam-2 sentence next to beam 4 costs 4 rows).
     """
 
-    ROW_HEADROOM = 2.0  # row capacity = live rows x this when it must grow: admissions rarely copy
+    ROW_HEADROOM = 2.0  # capacity = live rows/sentences x this when it must grow: admissions rarely copy
 
     def __init__(self, gen: Generator) -> None:
         if not gen.row_positions:
@@ -769,6 +769,11 @@ class DecodeBatch:
         return self._bias.shape[1] if self.keys else 0
 
     # ----------------------------------------------------------------------------------- storage
+
+    @classmethod
+    def _capacity(cls, need: int, cap: int) -> int:
+        """Capacity for `need` entries: the current one while it suffices, else room to grow."""
+        return cap if need <= cap else int(need * cls.ROW_HEADROOM)
 
     @staticmethod
     def _time_slots(need: int) -> int:
@@ -956,7 +961,7 @@ class DecodeBatch:
         n_cap, s_cur = self._bias.shape
         s = max(s_cur, width) if n_old else width
         if n > n_cap or s != s_cur:
-            self._set_source(max(n, int(n * self.ROW_HEADROOM)) if n > n_cap else n_cap, s)
+            self._set_source(self._capacity(n, n_cap), s)
         # One encoder batch per source width (bucket of 8): padding a short source to the longest one
         # admitted with it would cost more than another encoder call.
         for w in np.unique(widths).tolist():
@@ -982,13 +987,12 @@ class DecodeBatch:
             if n_old:
                 rows = rows.reshape(n_old, kc)
                 rows[:, :kc_old] += np.arange(kc_old)
-            cap = row_cap if r_new <= row_cap else max(r_new, int(r_new * self.ROW_HEADROOM))
-            self._relayout(rows.reshape(-1), np.repeat(self.t, kc), cap, t_cap)
+            self._relayout(rows.reshape(-1), np.repeat(self.t, kc), self._capacity(r_new, row_cap), t_cap)
         # History: (n_cap, Kc, L) with L the longest length budget.
         limit = max(int(it.max_length) for it in new)
         h_cap, h_kc, h_len = self._hist.shape
         if n > h_cap or kc != h_kc or limit > h_len:
-            hist = np.zeros((max(n, int(n * self.ROW_HEADROOM)), kc, max(limit, h_len)), dtype=np.int64)
+            hist = np.zeros((self._capacity(n, h_cap), kc, max(limit, h_len)), dtype=np.int64)
             if n_old:
                 hist[:n_old, :kc_old, :h_len] = self._hist[:n_old, :kc_old]
             self._hist = hist
