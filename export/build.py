@@ -22,7 +22,15 @@ from export import onnx_export as ox
 from model.model import Transformer
 from model.tokenizer import MODEL_FILE, Tokenizer
 from model.train import load_release
-from server.bundle import FORMAT_VERSION, GRAPHS, MANIFEST, TOKENIZER, file_entry, sha256_file
+from server.bundle import (
+    FORMAT_VERSION,
+    GRAPHS,
+    MANIFEST,
+    OPTIONAL_GRAPHS,
+    TOKENIZER,
+    file_entry,
+    sha256_file,
+)
 
 VARIANTS = ("fp32", "int8", "fp16")
 FP32_TOLERANCE = 1e-4
@@ -244,9 +252,10 @@ def _build(
                     _step(f"fp16 {g}", lambda g=g, dst=dst: ox.convert_fp16(raw / f"{g}.onnx", dst))
                 elem = onnx.TensorProto.FLOAT16
             ox.make_cache_graph(vdir / "cache.onnx", 2 * n_layers, elem)
-            for path in (enc, dec, vdir / "cache.onnx"):
+            ox.make_kv_rows_graph(vdir / "kv_rows.onnx", 2 * n_layers, elem)
+            for path in (enc, dec, vdir / "cache.onnx", vdir / "kv_rows.onnx"):
                 ox.check_graph(path)
-            info["variants"][variant] = {g: f"{variant}/{g}.onnx" for g in GRAPHS}
+            info["variants"][variant] = {g: f"{variant}/{g}.onnx" for g in (*GRAPHS, *OPTIONAL_GRAPHS)}
             info["variants"][variant]["precision"] = {
                 "fp32": "float32",
                 "int8": f"8-bit weight-only MatMulNBits (symmetric, per-channel blocks of {int8_block_size} "
@@ -286,7 +295,7 @@ def summary_line(manifest: dict[str, Any], out: Path) -> str:
     sizes = ", ".join(
         f"{rel} {e['bytes'] / 1e6:.1f} MB"
         for rel, e in files.items()
-        if rel.endswith(".onnx") and "cache" not in rel
+        if rel.endswith(("encoder.onnx", "decoder.onnx"))
     )
     par = manifest["parity"]
     parity = "; ".join(

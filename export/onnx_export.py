@@ -357,6 +357,83 @@ def make_cache_graph(path: Path, n_tensors: int, elem_type: int, opset: int = OP
     onnx.save(model, str(path))
 
 
+def make_kv_rows_graph(path: Path, n_tensors: int, elem_type: int, opset: int = OPSET) -> None:
+    """Row storage of the in-flight batch on the device (IOBinding path), for j < n_tensors:
+
+        y_j = Where(slot == pos, Gather(n_j, n_idx), Gather(Concat(Fit(a_j), Fit(b_j), axis=0), idx))
+
+    a_j (Na, H, Ta, D), b_j (Nb, H, Tb, D): rows to pick from (b: rows joining the batch, or zero rows);
+    Fit slices or zero-pads axis 2 to `t_out`; idx (M,) picks the output rows; n_j (Nn, H, 1, D) with
+    n_idx, pos (M,): output row m gets n_j[n_idx[m]] written at slot pos[m] (none when pos[m] < 0).
+    One graph covers every change of the running batch: beam reorders + this step's K/V at per-row
+    positions, sentences leaving or joining, growing or trimming the time / source axis."""
+    i64 = TensorProto.INT64
+    inputs = [
+        helper.make_tensor_value_info("idx", i64, ["m"]),
+        helper.make_tensor_value_info("n_idx", i64, ["m"]),
+        helper.make_tensor_value_info("pos", i64, ["m"]),
+        helper.make_tensor_value_info("t_out", i64, [1]),
+    ]
+    outputs = []
+
+    def const(name: str, values: list[int]) -> Any:
+        return helper.make_node(
+            "Constant", [], [name], value=helper.make_tensor(name, i64, [len(values)], values), name=name
+        )
+
+    nodes = [
+        const("zero", [0]),
+        const("one", [1]),
+        const("axis2", [2]),
+        const("pads_head", [0, 0, 0, 0, 0, 0]),
+        const("slot_shape", [1, 1, -1, 1]),
+        const("row_shape", [-1, 1, 1, 1]),
+        # hit (M, 1, t_out, 1): where each output row takes the written K/V.
+        helper.make_node("Squeeze", ["zero"], ["zero_s"], name="zero_s"),
+        helper.make_node("Squeeze", ["one"], ["one_s"], name="one_s"),
+        helper.make_node("Squeeze", ["t_out"], ["t_out_s"], name="t_out_s"),
+        helper.make_node("Range", ["zero_s", "t_out_s", "one_s"], ["slots"], name="slots"),
+        helper.make_node("Reshape", ["slots", "slot_shape"], ["slots4"], name="slots4"),
+        helper.make_node("Reshape", ["pos", "row_shape"], ["pos4"], name="pos4"),
+        helper.make_node("Equal", ["slots4", "pos4"], ["hit"], name="hit"),
+    ]
+    # Fit: the same slice end and pads for every tensor of one side (a or b): they share the time axis.
+    for side in ("a", "b"):
+        nodes += [
+            helper.make_node("Shape", [f"{side}_0"], [f"{side}_t"], start=2, end=3, name=f"{side}_t"),
+            helper.make_node("Min", [f"{side}_t", "t_out"], [f"{side}_keep"], name=f"{side}_keep"),
+            helper.make_node("Sub", ["t_out", f"{side}_t"], [f"{side}_short"], name=f"{side}_short"),
+            helper.make_node("Max", [f"{side}_short", "zero"], [f"{side}_pad"], name=f"{side}_pad"),
+            helper.make_node(
+                "Concat", ["pads_head", f"{side}_pad", "zero"], [f"{side}_pads"], axis=0, name=f"{side}_pads"
+            ),
+        ]
+    for j in range(n_tensors):
+        for side, rows, t in (("a", "na", "ta"), ("b", "nb", "tb")):
+            inputs.append(helper.make_tensor_value_info(f"{side}_{j}", elem_type, [rows, "h", t, "d"]))
+            sliced, fitted = f"{side}s_{j}", f"{side}f_{j}"
+            nodes += [
+                helper.make_node(
+                    "Slice", [f"{side}_{j}", "zero", f"{side}_keep", "axis2"], [sliced], name=f"{side}_sl_{j}"
+                ),
+                helper.make_node("Pad", [sliced, f"{side}_pads"], [fitted], name=f"{side}_pad_{j}"),
+            ]
+        inputs.append(helper.make_tensor_value_info(f"n_{j}", elem_type, ["nn", "h", 1, "d"]))
+        outputs.append(helper.make_tensor_value_info(f"y_{j}", elem_type, ["m", "h", "t_out", "d"]))
+        nodes += [
+            helper.make_node("Concat", [f"af_{j}", f"bf_{j}"], [f"ab_{j}"], axis=0, name=f"concat_{j}"),
+            helper.make_node("Gather", [f"ab_{j}", "idx"], [f"g_{j}"], axis=0, name=f"gather_{j}"),
+            helper.make_node("Gather", [f"n_{j}", "n_idx"], [f"gn_{j}"], axis=0, name=f"gather_n_{j}"),
+            helper.make_node("Where", ["hit", f"gn_{j}", f"g_{j}"], [f"y_{j}"], name=f"write_{j}"),
+        ]
+    graph = helper.make_graph(nodes, "kv_rows", inputs, outputs)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="export", ir_version=8
+    )
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
 # ------------------------------------------------------------------------------------------ variants
 
 

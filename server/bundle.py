@@ -8,7 +8,9 @@ A bundle is a directory written by ``python -m export``::
     fp32/encoder.onnx         src_ids -> memory, src_bias, cross_key_i/cross_value_i for every decoder layer
     fp32/decoder.onnx         one KV-cached decoder step with in-graph candidate selection (top-k)
     fp32/cache.onnx           K/V cache reorder + append on the device (IOBinding path)
-    int8/...  fp16/...        the same three graphs per extra variant
+    fp32/kv_rows.onnx         the in-flight batch's K/V rows on the device: gather, join, write at per-row
+                              positions (IOBinding path; bundles exported before it lack it)
+    int8/...  fp16/...        the same graphs per extra variant
 
 `load_manifest` verifies the format version and the sha256 of every listed file and raises `BundleError`
 with a message naming the file on any mismatch.
@@ -25,6 +27,7 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.model"
 GRAPHS = ("encoder", "decoder", "cache")
+OPTIONAL_GRAPHS = ("kv_rows",)  # newer than format 1's first bundles: checked when listed
 
 
 class BundleError(Exception):
@@ -85,6 +88,10 @@ def load_manifest(bundle_dir: str | Path, variant: str | None = None, verify: bo
             rel = manifest["variants"][variant].get(graph)
             if rel is None or rel not in files:
                 raise BundleError(f"{path}: variant {variant!r} has no checksummed {graph} graph")
+        for graph in OPTIONAL_GRAPHS:
+            rel = manifest["variants"][variant].get(graph)
+            if rel is not None and rel not in files:
+                raise BundleError(f"{path}: variant {variant!r} has no checksum for its {graph} graph")
     if manifest["tokenizer"] not in files:
         raise BundleError(f"{path}: tokenizer {manifest['tokenizer']!r} has no checksum entry")
     if verify:

@@ -346,6 +346,7 @@ class Generator:
         encoder_path: str | Path,
         decoder_path: str | Path,
         cache_path: str | Path | None = None,
+        kv_rows_path: str | Path | None = None,
         *,
         device: str = "cpu",
         intra_op_threads: int = 0,
@@ -364,6 +365,8 @@ class Generator:
         self.paths = {"encoder": Path(encoder_path), "decoder": Path(decoder_path)}
         if cache_path is not None:
             self.paths["cache"] = Path(cache_path)
+        if kv_rows_path is not None:
+            self.paths["kv_rows"] = Path(kv_rows_path)
         device = device.lower()
         if device not in ("auto", "cpu") and not device.startswith("cuda"):
             raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
@@ -385,7 +388,8 @@ class Generator:
             problem = ""
             try:
                 self._load([cuda, "CPUExecutionProvider"])
-                sessions = [self.encoder, self.decoder, *([self.cache_graph] if self.cache_graph else [])]
+                sessions = [self.encoder, self.decoder]
+                sessions += [x for x in (self.cache_graph, self.kv_rows_graph) if x is not None]
                 got = [s.get_providers()[0] for s in sessions]
                 self.on_cuda = all(p == "CUDAExecutionProvider" for p in got)
                 problem = f"ONNX Runtime gave {got}"
@@ -432,6 +436,7 @@ class Generator:
                 raise BundleError(f"{path}: ONNX Runtime cannot load this graph: {e}") from e
         self.encoder, self.decoder = sessions["encoder"], sessions["decoder"]
         self.cache_graph = sessions.get("cache")
+        self.kv_rows_graph = sessions.get("kv_rows")  # in-flight storage on the device (newer bundles)
 
     def _inspect(self) -> None:
         dec_in = {i.name: i for i in self.decoder.get_inputs()}
@@ -683,6 +688,241 @@ class Generator:
 # ------------------------------------------------------------------------------------ in-flight batch
 
 
+def _grow(need: int, cap: int, headroom: float = 2.0) -> int:
+    """Capacity for `need` entries: the current one while it suffices, else room to grow (admissions
+    then rarely copy)."""
+    return cap if need <= cap else int(need * headroom)
+
+
+def _time_slots(need: int) -> int:
+    """Cache slots for `need` entries: a multiple of 16, as in the request path."""
+    step = _NumpyCache.CAPACITY_STEP
+    return max(step, -(-need // step) * step)
+
+
+class _Rows:
+    """What both storages share: the encoder and decoder calls of their cache object, the source bias
+    (host numpy in both: it is fed to every step)."""
+
+    cache: _NumpyCache | _BoundCache
+    bias: np.ndarray
+
+    @property
+    def source_width(self) -> int:
+        return self.bias.shape[1]
+
+    def encode(self, src: np.ndarray) -> tuple[np.ndarray, list[Any]]:
+        return self.cache.encode(src)
+
+    def step(self, feed: dict[str, np.ndarray], cross: list[Any], past: list[Any]) -> tuple[Any, ...]:
+        return self.cache.step(feed, cross, past)
+
+
+class _HostRows(_Rows):
+    """The in-flight batch's tensors in host memory (CPU): numpy buffers with spare capacity on every
+    axis whose live part is a prefix (sentences [0, n), rows [0, rows)), so the decoder gets contiguous
+    views and membership changes copy little (see DecodeBatch)."""
+
+    def __init__(self, gen: Generator) -> None:
+        self.g = gen
+        self.cache = _NumpyCache(gen)  # own double buffers (the request path keeps its own)
+        self.kv: list[np.ndarray] = []  # 2L x (row_cap, H, T_cap, Dh) self-attention cache
+        self.cross: list[np.ndarray] = []  # 2L x (n_cap, H, S, Dh) cross-attention K/V
+        self.bias = np.zeros((0, 0), dtype=np.float32)  # (n_cap, S) source bias (-inf = padding)
+
+    def past(self, rows: int) -> list[Any]:
+        return [p[:rows] for p in self.kv] if rows else []
+
+    def sources(self, n: int) -> tuple[np.ndarray, list[Any]]:
+        """Source bias and cross K/V of the first n sentences."""
+        return self.bias[:n], [x[:n] for x in self.cross]
+
+    def clear(self) -> None:
+        pass  # keep the buffers for the next sentences
+
+    # ------------------------------------------------------------------------- self-attention cache
+
+    def update_rows(
+        self, src: np.ndarray, filled: np.ndarray, t_cap: int, new_kv: list[Any] | None, same_layout: bool
+    ) -> None:
+        """Next cache: row m is old row src[m] (-1: a joining row, masked until written) of which the
+        first filled[m] slots matter, t_cap slots; new_kv[src[m]] is then written at slot filled[m].
+        same_layout: rows keep their sentence's place (only beam origins and swap-removed sentences
+        change), so rows can be copied in place."""
+        step = _NumpyCache.CAPACITY_STEP
+        m = src.size
+        row_cap = self.kv[0].shape[0] if self.kv else 0
+        if not (same_layout and m <= row_cap and t_cap == self.kv[0].shape[2]):
+            self._relayout(src, filled, _grow(m, row_cap), t_cap)
+        else:
+            # In place, copying only the rows whose origin changed and only the slots they have filled
+            # (rounded up to 16), not the whole capacity of the longest sentence. A sentence's rows
+            # come from its own old rows (a moved sentence's from past the new end, into a leaving
+            # sentence's place), so one span group never reads what another writes.
+            changed = np.flatnonzero((src != np.arange(m)) & (src >= 0))
+            if changed.size:
+                spans = -(-filled[changed] // step) * step
+                for span in np.unique(spans).tolist():
+                    d = changed[spans == span]
+                    s = src[d]
+                    for p in self.kv:
+                        p[d, :, :span] = p[s, :, :span]
+        if new_kv is not None:
+            ar = np.arange(m)
+            for p, x in zip(self.kv, new_kv, strict=True):
+                p[ar, :, filled] = x[src, :, 0]
+
+    def _relayout(self, src: np.ndarray, filled: np.ndarray, row_cap: int, t_cap: int) -> None:
+        """New storage (row_cap, H, t_cap, Dh) with row m taken from old row src[m] (its first `filled`
+        slots rounded up to 16); the rest holds whatever finite values the reused buffer has."""
+        g = self.g
+        like = self.kv or [np.zeros((0, g.n_heads, 0, g.head_dim), dtype=g.kv_dtype)] * (2 * g.n_layers)
+        dest = self.cache._buffers(like, row_cap, t_cap)
+        if self.kv:
+            step = _NumpyCache.CAPACITY_STEP
+            spans = np.minimum(-(-filled // step) * step, min(self.kv[0].shape[2], t_cap))
+            spans[src < 0] = 0
+            for span in np.unique(spans).tolist():
+                if span == 0:
+                    continue
+                sel = np.flatnonzero(spans == span)
+                s = src[sel]
+                for p, d in zip(self.kv, dest, strict=True):
+                    d[sel, :, :span] = p[s, :, :span]
+        self.kv = dest
+
+    # ------------------------------------------------------------------- per-sentence source tensors
+
+    def admit_sources(self, n_old: int, groups: list[tuple[np.ndarray, list[Any]]], width: int) -> None:
+        """Append the encoder outputs `groups` [(bias (k, w), cross K/V)] after the n_old live
+        sentences, every sentence's source axis padded (bias -inf, K/V zeros) to `width`."""
+        n = n_old + sum(b.shape[0] for b, _ in groups)
+        n_cap, s_cur = self.bias.shape
+        if n > n_cap or width != s_cur:
+            self._resize(n_old, _grow(n, n_cap), width)
+        pos = n_old
+        for bias_new, cross_new in groups:
+            k, w = bias_new.shape
+            rows = slice(pos, pos + k)
+            self.bias[rows, :w] = bias_new
+            self.bias[rows, w:] = -np.inf
+            for x, c in zip(self.cross, cross_new, strict=True):
+                x[rows, :, :w] = c
+                x[rows, :, w:] = 0
+            pos += k
+
+    def compact_sources(self, perm: np.ndarray, moved: np.ndarray) -> None:
+        """Sentence i becomes old sentence perm[i]; only the `moved` positions change."""
+        if moved.size:
+            src = perm[moved]
+            self.bias[moved] = self.bias[src]
+            for x in self.cross:
+                x[moved] = x[src]
+
+    def fit_sources(self, n: int, width: int) -> None:
+        """Trim (or pad) the source axis of the n live sentences to `width`."""
+        self._resize(n, self.bias.shape[0], width)
+
+    def _resize(self, n: int, n_cap: int, width: int) -> None:
+        g = self.g
+        w = min(self.bias.shape[1], width)
+        bias = np.full((n_cap, width), -np.inf, dtype=np.float32)
+        bias[:n, :w] = self.bias[:n, :w]
+        cross = []
+        for j in range(2 * g.n_layers):
+            x = np.zeros((n_cap, g.n_heads, width, g.head_dim), dtype=g.kv_dtype)
+            if n:
+                x[:n, :, :w] = self.cross[j][:n, :, :w]
+            cross.append(x)
+        self.bias, self.cross = bias, cross
+
+
+class _DeviceRows(_Rows):
+    """The in-flight batch's tensors on the device (IOBinding path: CUDA; also runs on CPU for tests):
+    K/V are OrtValues holding exactly the live rows, and every change (beam reorder + this step's K/V at
+    per-row positions, sentences joining or leaving, the time or source axis growing or shrinking) is
+    one run of the bundle's kv_rows graph, so K/V never cross the bus. Only ids, positions, the source
+    bias (small) and the decoder's candidates do. Same interface as _HostRows."""
+
+    def __init__(self, gen: Generator) -> None:
+        if not isinstance(gen.cache, _BoundCache) or gen.kv_rows_graph is None:
+            raise BundleError("device-resident in-flight storage needs IOBinding and the kv_rows graph")
+        self.g = gen
+        self.cache = gen.cache  # stateless: encode and step with device outputs
+        self.kv: list[Any] = []  # 2L x (rows, H, T, Dh) OrtValues
+        self.cross: list[Any] = []  # 2L x (n, H, S, Dh) OrtValues
+        self.bias = np.zeros((0, 0), dtype=np.float32)  # (n, S), host: fed to every step
+        self._zero = np.zeros((1, gen.n_heads, 1, gen.head_dim), dtype=gen.kv_dtype)  # one zero row
+
+    def past(self, rows: int) -> list[Any]:
+        return self.kv if rows else []
+
+    def sources(self, n: int) -> tuple[np.ndarray, list[Any]]:
+        return self.bias, self.cross
+
+    def clear(self) -> None:
+        self.kv, self.cross = [], []  # back to ONNX Runtime's arena
+        self.bias = np.zeros((0, 0), dtype=np.float32)
+
+    def _run(
+        self,
+        a: list[Any],
+        b: list[Any] | None,
+        idx: np.ndarray,
+        t_out: int,
+        new_kv: list[Any] | None = None,
+        n_idx: np.ndarray | None = None,
+        pos: np.ndarray | None = None,
+    ) -> list[Any]:
+        """y_j = rows idx of [a_j; b_j] fitted to t_out slots, with new_kv_j[n_idx] written at pos (see
+        export/onnx_export.make_kv_rows_graph). An empty a or a missing b is one zero row."""
+        g, cache = self.g, self.cache
+        io = g.kv_rows_graph.io_binding()
+        m = idx.size
+        io.bind_cpu_input("idx", np.ascontiguousarray(idx, dtype=np.int64))
+        io.bind_cpu_input("n_idx", np.zeros(m, np.int64) if n_idx is None else np.ascontiguousarray(n_idx))
+        io.bind_cpu_input("pos", np.full(m, -1, np.int64) if pos is None else np.ascontiguousarray(pos))
+        io.bind_cpu_input("t_out", np.array([t_out], dtype=np.int64))
+        for j in range(2 * g.n_layers):
+            cache._bind(io, f"a_{j}", a[j] if a else self._zero)
+            cache._bind(io, f"b_{j}", b[j] if b else self._zero)
+            cache._bind(io, f"n_{j}", new_kv[j] if new_kv is not None else self._zero)
+            io.bind_output(f"y_{j}", cache.dev, cache.dev_id)
+        g.kv_rows_graph.run_with_iobinding(io)
+        return list(io.get_outputs())
+
+    def update_rows(
+        self, src: np.ndarray, filled: np.ndarray, t_cap: int, new_kv: list[Any] | None, same_layout: bool
+    ) -> None:
+        n_a = _shape(self.kv[0])[0] if self.kv else 1
+        idx = np.where(src >= 0, src, n_a)  # joining rows: the zero row after a
+        if new_kv is None:
+            self.kv = self._run(self.kv, None, idx, t_cap)
+        else:
+            self.kv = self._run(self.kv, None, idx, t_cap, new_kv, src, filled)
+
+    def admit_sources(self, n_old: int, groups: list[tuple[np.ndarray, list[Any]]], width: int) -> None:
+        for bias_new, cross_new in groups:
+            n_cur, k = self.bias.shape[0], bias_new.shape[0]
+            n_a = n_cur if n_cur else 1
+            idx = np.concatenate([np.arange(n_cur), n_a + np.arange(k)])
+            self.cross = self._run(self.cross if n_cur else [], cross_new, idx, width)
+            bias = np.full((n_cur + k, width), -np.inf, dtype=np.float32)
+            w = min(self.bias.shape[1], width)
+            bias[:n_cur, :w] = self.bias[:, :w]
+            bias[n_cur:, : bias_new.shape[1]] = bias_new
+            self.bias = bias
+
+    def compact_sources(self, perm: np.ndarray, moved: np.ndarray) -> None:
+        if moved.size or perm.size != self.bias.shape[0]:
+            self.cross = self._run(self.cross, None, perm, self.source_width)
+            self.bias = self.bias[perm]
+
+    def fit_sources(self, n: int, width: int) -> None:
+        self.cross = self._run(self.cross, None, np.arange(n), width)
+        self.bias = np.ascontiguousarray(self.bias[:, :width])
+
+
 @dataclass
 class _Item:
     """A sentence to admit into a DecodeBatch (ids without BOS/EOS)."""
@@ -714,22 +954,23 @@ class DecodeBatch:
       cache's time axis to a multiple of 16, as in the request path; a sentence's position in the batch
       does not change its numbers.
 
-    Storage has spare capacity on every axis and the live part is a prefix (sentences [0, n), rows
-    [0, n * Kc)), so the graph gets contiguous views and membership changes copy little:
+    Membership changes keep sentence order stable except that a sentence that leaves (finished,
+    dropped) is replaced by the last live one (swap-remove), so little moves. Where the tensors live is
+    the storage's business:
 
-    * admitting writes the new sentences' cross K/V, bias and (empty) cache rows after the live ones;
-    * a sentence that leaves (finished, dropped) is replaced by the last live one (swap-remove: only
-      the moved sentence's rows are copied, not the whole cache);
-    * a step writes the new K/V in place; a beam step's reorder copies, in place, only the rows whose
-      beam origin changed and only the time slots their sentence has filled (not the capacity of the
-      longest running sentence, as a whole-cache gather would);
-    * the time axis grows by 16 slots when the longest row needs it and shrinks again when long
-      sentences leave (every row attends over all of it, masked); likewise the source axis.
+    * _HostRows (CPU): numpy buffers with spare capacity, live prefix; a step writes the new K/V in
+      place, and a beam reorder copies only the rows whose origin changed and only the slots their
+      sentence has filled (not the capacity of the longest running sentence, as a whole-cache gather
+      would);
+    * _DeviceRows (IOBinding, CUDA): OrtValues of exactly the live rows, rebuilt on the device by the
+      bundle's kv_rows graph at each change (device memory bandwidth makes the full copy cheap; the
+      host never sees the K/V).
+
+    The time axis grows by 16 slots when the longest row needs it and shrinks again when long sentences
+    leave (every row attends over all of it, masked); likewise the source axis.
 
     Mixed beam sizes pay for dead rows (a beam-2 sentence next to beam 4 costs 4 rows).
     """
-
-    ROW_HEADROOM = 2.0  # capacity = live rows/sentences x this when it must grow: admissions rarely copy
 
     def __init__(self, gen: Generator) -> None:
         if not gen.row_positions:
@@ -738,12 +979,9 @@ class DecodeBatch:
                 "batching needs per-row positions (N,): re-export the bundle with this version"
             )
         self.g = gen
-        self._cache = _NumpyCache(gen)  # own double buffers (the request path keeps its own)
+        device = isinstance(gen.cache, _BoundCache) and gen.kv_rows_graph is not None
+        self._store: _HostRows | _DeviceRows = _DeviceRows(gen) if device else _HostRows(gen)
         self._clear()  # per-sentence state
-        # Capacity storage; live prefix only.
-        self._kv: list[np.ndarray] = []  # 2L x (row_cap, H, T_cap, Dh) self-attention cache
-        self._cross: list[np.ndarray] = []  # 2L x (n_cap, H, S, Dh) cross-attention K/V
-        self._bias = np.zeros((0, 0), dtype=np.float32)  # (n_cap, S) source bias (-inf = padding)
         self._hist = np.zeros((0, 1, 0), dtype=np.int64)  # (n_cap, Kc, L) tokens so far per beam
         self.steps = 0
         self.last_step_s = 0.0
@@ -758,65 +996,24 @@ class DecodeBatch:
         return len(self.keys) * self.kc
 
     @property
-    def past(self) -> list[np.ndarray]:
-        """The live self-attention cache: 2L x (rows, H, T_cap, Dh) views."""
-        r = self.rows
-        return [p[:r] for p in self._kv] if r else []
+    def on_device(self) -> bool:
+        """Whether K/V stay on the device (IOBinding storage)."""
+        return isinstance(self._store, _DeviceRows)
+
+    @property
+    def past(self) -> list[Any]:
+        """The live self-attention cache: 2L x (rows, H, T_cap, Dh)."""
+        return self._store.past(self.rows)
 
     @property
     def source_width(self) -> int:
         """Source positions every running sentence's cross-attention spans (padded)."""
-        return self._bias.shape[1] if self.keys else 0
+        return self._store.source_width if self.keys else 0
 
     # ----------------------------------------------------------------------------------- storage
 
-    @classmethod
-    def _capacity(cls, need: int, cap: int) -> int:
-        """Capacity for `need` entries: the current one while it suffices, else room to grow."""
-        return cap if need <= cap else int(need * cls.ROW_HEADROOM)
-
     @staticmethod
-    def _time_slots(need: int) -> int:
-        step = _NumpyCache.CAPACITY_STEP
-        return max(step, -(-need // step) * step)
-
-    def _relayout(self, rows: np.ndarray, filled: np.ndarray, row_cap: int, t_cap: int) -> None:
-        """New cache storage (row_cap, H, t_cap, Dh) holding rows `rows` of the live cache first, each
-        with its first `filled` slots (per row, rounded up to 16: not the whole capacity of the longest
-        sentence); the rest holds whatever finite values the reused buffer has, masked until written."""
-        g = self.g
-        like = self._kv or [np.zeros((0, g.n_heads, 0, g.head_dim), dtype=g.kv_dtype)] * (2 * g.n_layers)
-        dest = self._cache._buffers(like, row_cap, t_cap)
-        if self._kv and rows.size:
-            step = _NumpyCache.CAPACITY_STEP
-            spans = np.minimum(-(-filled // step) * step, min(self._kv[0].shape[2], t_cap))
-            for span in np.unique(spans).tolist():
-                if span == 0:
-                    continue
-                sel = np.flatnonzero(spans == span)
-                src = rows[sel]
-                for p, d in zip(self._kv, dest, strict=True):
-                    d[sel, :, :span] = p[src, :, :span]
-        self._kv = dest
-
-    def _set_source(self, n_cap: int, width: int) -> None:
-        """Resize the sentence-level storage (cross K/V, bias) to n_cap sentences x `width` source
-        positions, keeping the live sentences (padding: bias -inf, K/V zeros)."""
-        g = self.g
-        n = len(self.keys)
-        old_w = self._bias.shape[1]
-        w = min(old_w, width)
-        bias = np.full((n_cap, width), -np.inf, dtype=np.float32)
-        bias[:n, :w] = self._bias[:n, :w]
-        cross = []
-        for j in range(2 * g.n_layers):
-            x = np.zeros((n_cap, g.n_heads, width, g.head_dim), dtype=g.kv_dtype)
-            if n:
-                x[:n, :, :w] = self._cross[j][:n, :, :w]
-            cross.append(x)
-        self._bias, self._cross = bias, cross
-
-    def _swap_remove(self, keep: np.ndarray) -> np.ndarray:
+    def _swap_remove(keep: np.ndarray) -> np.ndarray:
         """perm (n',): new sentence i is old sentence perm[i]. Kept sentences past the new end move
         into the holes left by leaving ones; everything else stays where it is."""
         n_new = int(keep.sum())
@@ -839,11 +1036,11 @@ class DecodeBatch:
         if not self.keys:
             return
         width = self.g._source_width(self.src_lens)
-        if width + 2 * self.g.source_bucket <= self._bias.shape[1]:
-            self._set_source(self._bias.shape[0], width)
+        if width + 2 * self.g.source_bucket <= self._store.source_width:
+            self._store.fit_sources(len(self.keys), width)
 
     def _clear(self) -> None:
-        """No running sentences (the storage stays, for reuse)."""
+        """No running sentences (the host storage stays, for reuse)."""
         self.keys: list[Any] = []
         self._finished: list[NBest] = []
         self.kc = 1  # rows per sentence: the largest running beam
@@ -853,79 +1050,31 @@ class DecodeBatch:
         self.alpha = np.zeros(0)
         self.tokens = np.zeros((0, 1), dtype=np.int64)  # (n * Kc, 1) next input token per row
         self.scores = np.zeros((0, 1), dtype=np.float32)  # (n, Kc) beam scores
-
-    def _update_cache(
-        self,
-        perm: np.ndarray,
-        kc_next: int,
-        nb: np.ndarray | None,
-        new_kv: list[np.ndarray] | None,
-        t_keep: np.ndarray,
-    ) -> np.ndarray:
-        """Cache of the next step: sentences perm (swap-remove order) with kc_next rows each, row k of
-        sentence i taken from its row nb[i, k] (None: rows 0..kc_next-1, no reorder), plus this step's
-        K/V of those rows written at their position t_keep (per sentence) when new_kv is given.
-        Returns the sentence positions whose contents moved (for the sentence-level storage)."""
-        kc = self.kc
-        n_new = perm.size
-        moved = np.flatnonzero(perm != np.arange(n_new))
-        need = int(t_keep.max()) + (1 if new_kv is not None else 0)
-        t_cap = self._time_slots(need)
-        if kc_next != kc or t_cap != self._kv[0].shape[2]:
-            base = np.arange(kc_next)[None, :] if nb is None else nb
-            rows = ((perm * kc)[:, None] + base).reshape(-1)
-            filled = np.repeat(t_keep, kc_next)
-            self._relayout(rows, filled, max(self._kv[0].shape[0], rows.size), t_cap)
-            if new_kv is not None:
-                ar, t_rows = np.arange(rows.size), np.repeat(t_keep, kc_next)
-                for p, x in zip(self._kv, new_kv, strict=True):
-                    p[ar, :, t_rows] = x[rows, :, 0]
-            return moved
-        # Same Kc, same capacity: reorder in place, copying only the rows whose origin changed (beam
-        # reorders, swap-removed sentences) and only the slots their sentence has filled (rounded up
-        # to 16), not the whole capacity of the longest sentence. Each sentence's rows come from its own
-        # old rows (a moved sentence's from past the new end, into a leaving sentence's place), so the
-        # groups never read what another group writes.
-        step = _NumpyCache.CAPACITY_STEP
-        base = np.arange(kc)[None, :] if nb is None else nb
-        src = (perm * kc)[:, None] + base  # (n', Kc): old row of each new row
-        dst = np.arange(n_new * kc).reshape(n_new, kc)
-        changed = src != dst
-        sent = np.flatnonzero(changed.any(axis=1))
-        if sent.size:
-            spans = -(-t_keep[sent] // step) * step
-            for span in np.unique(spans).tolist():
-                grp = sent[spans == span]
-                d, s = dst[grp][changed[grp]], src[grp][changed[grp]]
-                for p in self._kv:
-                    p[d, :, :span] = p[s, :, :span]
-        if new_kv is not None:
-            rows = src.reshape(-1)
-            ar, t_rows = np.arange(rows.size), np.repeat(t_keep, kc)
-            for p, x in zip(self._kv, new_kv, strict=True):
-                p[ar, :, t_rows] = x[rows, :, 0]
-        return moved
+        self._store.clear()
 
     def _compact(
-        self, perm: np.ndarray, kc_next: int, nb: np.ndarray | None, new_kv: list[np.ndarray] | None
+        self, perm: np.ndarray, kc_next: int, nb: np.ndarray | None, new_kv: list[Any] | None
     ) -> None:
-        """Keep sentences perm (new sentence i = old perm[i], from _swap_remove): per-sentence metadata,
-        cache, cross K/V, bias and history follow; tokens and scores are the caller's."""
+        """Keep sentences perm (new sentence i = old perm[i], from _swap_remove) with kc_next rows each,
+        row k of sentence i taken from its row nb[i, k] (None: rows 0..kc_next-1, no reorder), plus this
+        step's K/V of those rows written at their sentence's position when new_kv is given. Per-sentence
+        metadata, cache, sources and history follow; tokens and scores are the caller's."""
         if perm.size == 0:
             self._clear()
             return
+        kc = self.kc
         t_keep = self.t[perm]
-        moved = self._update_cache(perm, kc_next, nb, new_kv, t_keep)
-        src = perm[moved]
-        if moved.size:
-            self._bias[moved] = self._bias[src]
-            for x in self._cross:
-                x[moved] = x[src]
-        if nb is None and kc_next == self.kc:
+        base = np.arange(kc_next)[None, :] if nb is None else nb
+        src = ((perm * kc)[:, None] + base).reshape(-1)
+        filled = np.repeat(t_keep, kc_next)
+        t_cap = _time_slots(int(t_keep.max()) + (1 if new_kv is not None else 0))
+        self._store.update_rows(src, filled, t_cap, new_kv, same_layout=kc_next == kc)
+        moved = np.flatnonzero(perm != np.arange(perm.size))
+        self._store.compact_sources(perm, moved)
+        if nb is None and kc_next == kc:
             if moved.size:
-                self._hist[moved] = self._hist[src]
+                self._hist[moved] = self._hist[perm[moved]]
         else:
-            base = np.arange(kc_next)[None, :] if nb is None else nb
             self._hist = self._hist[perm[:, None], base]  # (n', Kc', L)
         self._apply_perm_meta(perm)
         self.kc = kc_next
@@ -949,50 +1098,42 @@ class DecodeBatch:
                 new.append(it)
         if not new:
             return done_now
-        k_new = len(new)
+        # One encoder batch per source width (bucket of 8): padding a short source to the longest one
+        # admitted with it would cost more than another encoder call. Sorted by width, each encoder
+        # batch joins as one contiguous block.
+        widths = np.array([g._source_width(np.array([len(it.ids)])) for it in new], dtype=np.int64)
+        order = np.argsort(widths, kind="stable")
+        new, widths = [new[i] for i in order.tolist()], widths[order]
         lens = np.array([len(it.ids) for it in new], dtype=np.int64)
-        widths = np.array([g._source_width(lens[r : r + 1]) for r in range(k_new)], dtype=np.int64)
-        width = int(widths.max())
+        k_new = len(new)
         n_old = len(self.keys)
         n = n_old + k_new
         kc_old = self.kc if n_old else 1
         kc = max([int(it.beam_size) for it in new] + [kc_old])
-        # Sentence-level storage: room for n sentences, the source axis as wide as the widest.
-        n_cap, s_cur = self._bias.shape
-        s = max(s_cur, width) if n_old else width
-        if n > n_cap or s != s_cur:
-            self._set_source(self._capacity(n, n_cap), s)
-        # One encoder batch per source width (bucket of 8): padding a short source to the longest one
-        # admitted with it would cost more than another encoder call.
+        groups = []
         for w in np.unique(widths).tolist():
             idx = np.flatnonzero(widths == w)
             src = np.full((idx.size, w), g.pad_id, dtype=np.int64)
             for r, i in enumerate(idx.tolist()):
                 src[r, : lens[i]] = new[i].ids
-            bias_new, cross_new = self._cache.encode(src)
-            pos = n_old + idx
-            self._bias[pos, :w] = bias_new
-            self._bias[pos, w:] = -np.inf
-            for x, c in zip(self._cross, cross_new, strict=True):
-                x[pos, :, :w] = c
-                x[pos, :, w:] = 0
-        # Cache rows: new sentences get rows after the live ones (their contents are masked until
-        # written). A larger Kc re-lays the old rows out (dead rows copy row 0 of their sentence).
-        r_new = n * kc
-        t_cap = self._time_slots(int(self.t.max()) if n_old else 1)
-        row_cap = self._kv[0].shape[0] if self._kv else 0
-        t_cur = self._kv[0].shape[2] if self._kv else 0
-        if kc != kc_old or r_new > row_cap or t_cap != t_cur:
-            rows = np.repeat(np.arange(n_old) * kc_old, kc)
-            if n_old:
-                rows = rows.reshape(n_old, kc)
-                rows[:, :kc_old] += np.arange(kc_old)
-            self._relayout(rows.reshape(-1), np.repeat(self.t, kc), self._capacity(r_new, row_cap), t_cap)
+            groups.append(self._store.encode(src))
+        # The source axis as wide as the widest running sentence.
+        width = int(widths.max())
+        self._store.admit_sources(n_old, groups, max(self._store.source_width, width) if n_old else width)
+        # Cache rows: new sentences' rows after the live ones (masked until written). A larger Kc re-lays
+        # the old rows out (dead rows copy row 0 of their sentence).
+        src_rows = np.full((n, kc), -1, dtype=np.int64)
+        if n_old:
+            src_rows[:n_old] = (np.arange(n_old) * kc_old)[:, None]
+            src_rows[:n_old, :kc_old] += np.arange(kc_old)
+        filled = np.repeat(np.concatenate([self.t, np.zeros(k_new, dtype=np.int64)]), kc)
+        t_cap = _time_slots(int(self.t.max()) if n_old else 1)
+        self._store.update_rows(src_rows.reshape(-1), filled, t_cap, None, same_layout=kc == kc_old)
         # History: (n_cap, Kc, L) with L the longest length budget.
         limit = max(int(it.max_length) for it in new)
         h_cap, h_kc, h_len = self._hist.shape
         if n > h_cap or kc != h_kc or limit > h_len:
-            hist = np.zeros((self._capacity(n, h_cap), kc, max(limit, h_len)), dtype=np.int64)
+            hist = np.zeros((_grow(n, h_cap), kc, max(limit, h_len)), dtype=np.int64)
             if n_old:
                 hist[:n_old, :kc_old, :h_len] = self._hist[:n_old, :kc_old]
             self._hist = hist
@@ -1045,15 +1186,16 @@ class DecodeBatch:
         g = self.g
         V, eos, kc = g.vocab_size, g.eos_id, self.kc
         greedy = kc == 1
+        bias, cross = self._store.sources(n)
         feed = {
             "input_ids": self.tokens,
             "position": self.t if greedy else np.repeat(self.t, kc),
-            "src_bias": self._bias[:n],
+            "src_bias": bias,
             "beam_scores": self.scores,
             "num_candidates": np.array([1 if greedy else min(2 * kc, kc * V)], dtype=np.int64),
         }
         t0 = time.perf_counter()
-        top_s, top_i, new_kv = self._cache.step(feed, [x[:n] for x in self._cross], self.past)
+        top_s, top_i, new_kv = self._store.step(feed, cross, self.past)
         self.steps += 1
         at_limit = self.lim <= self.t + 1
         fin, hist, t_all = self._finished, self._hist, self.t.tolist()
@@ -1154,6 +1296,7 @@ class Engine:
             self.bundle_dir / files["encoder"],
             self.bundle_dir / files["decoder"],
             self.bundle_dir / files["cache"],
+            self.bundle_dir / files["kv_rows"] if "kv_rows" in files else None,
             device=device,
             intra_op_threads=intra_op_threads,
             io_binding=io_binding,

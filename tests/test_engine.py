@@ -472,12 +472,23 @@ def test_graph_takes_per_row_positions(engine: Engine):
     assert len(engine.running_batch()) == 0
 
 
+@pytest.fixture(scope="module")
+def bound_engine(tiny: TinyBundle) -> Engine:
+    """IOBinding on the CPU provider: the in-flight batch keeps K/V as OrtValues and changes them with
+    the bundle's kv_rows graph, as on CUDA (where it saves copying the cache over the bus each step)."""
+    return Engine(tiny.bundle, intra_op_threads=1, io_binding=True)
+
+
+@pytest.mark.parametrize("storage", ["host", "device"])
 @pytest.mark.parametrize("seed", range(6))
-def test_random_arrivals_and_drops_match_solo(engine: Engine, solo: dict, seed: int):
+def test_random_arrivals_and_drops_match_solo(
+    engine: Engine, bound_engine: Engine, solo: dict, seed: int, storage: str
+):
     rng = random.Random(seed)
     pending = [(text, rng.choice(OPTIONS)) for text in rng.sample(TEXTS + MORE, 10)]
     pending += [(rng.choice(TEXTS), rng.choice(OPTIONS)) for _ in range(6)]
-    rb = engine.running_batch()
+    rb = (engine if storage == "host" else bound_engine).running_batch()
+    assert rb.beam.on_device == (storage == "device") == rb.greedy.on_device
     items = {}
     results = {}
     dropped = set()
@@ -559,19 +570,44 @@ def test_old_graph_is_refused(engine: Engine, monkeypatch):
         engine.running_batch()
 
 
-def test_cache_is_compacted(engine: Engine):
-    rb = engine.running_batch()
+@pytest.mark.parametrize("storage", ["host", "device"])
+def test_cache_is_compacted(engine: Engine, bound_engine: Engine, storage: str):
+    rb = (engine if storage == "host" else bound_engine).running_batch()
     opts = DecodingOptions(beam_size=3)
     rb.admit([BatchItem(i, t, opts) for i, t in enumerate(TEXTS)])
     assert rb.rows == 3 * len(TEXTS)
     rb.step()
     rb.drop([0, 1, 2])
     assert rb.rows == 3 * (len(TEXTS) - 3)
-    assert rb.beam.past[0].shape[0] == rb.rows
-    assert np.isfinite(rb.beam.past[0]).all()
+    past = [p if isinstance(p, np.ndarray) else p.numpy() for p in rb.beam.past]
+    assert past[0].shape[0] == rb.rows and past[0].shape[2] % 16 == 0
+    assert np.isfinite(past[0]).all()
+    if storage == "device":  # exactly the live sentences on the device, nothing spare
+        bias, cross = rb.beam._store.sources(len(rb))
+        assert cross[0].shape()[0] == bias.shape[0] == len(rb)
     while len(rb):
         rb.step()
     assert rb.beam.past == []
+
+
+def test_bundle_without_kv_rows_graph_keeps_the_cache_on_the_host(
+    engine: Engine, tiny: TinyBundle, tmp_path: Path
+):
+    """Bundles exported before the kv_rows graph still batch in flight with IOBinding, from host memory."""
+    dst = tmp_path / "bundle"
+    shutil.copytree(tiny.bundle, dst)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    for v in manifest["variants"].values():
+        manifest["files"].pop(v.pop("kv_rows"))
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+    old = Engine(dst, intra_op_threads=1, io_binding=True)
+    rb = old.running_batch()
+    assert old.generator.kv_rows_graph is None and not rb.beam.on_device
+    opts = DecodingOptions(beam_size=2, num_hypotheses=2)
+    rb.admit([BatchItem(0, TEXTS[1], opts)])
+    while len(rb):
+        out = rb.step()
+    same(out[0].hypotheses, engine.translate([TEXTS[1]], opts)[0])
 
 
 def test_leaving_sentences_cost_a_row_move_not_a_cache_copy(engine: Engine, solo: dict):
@@ -586,14 +622,17 @@ def test_leaving_sentences_cost_a_row_move_not_a_cache_copy(engine: Engine, solo
     g = rb.greedy
     results: dict = {}
     before = list(g.keys)
-    storage, width = g._kv[0], g.source_width
-    assert rb.drop([0]) == 1  # the widest, at position 0: the last sentence moves into its place
-    assert g._kv[0] is storage  # rows moved in place, no new layout
+    assert before[-1] == 0  # admitted in order of source width: the widest joins last
+    storage, width = g._store.kv[0], g.source_width
+    assert rb.drop([before[0]]) == 1  # position 0: the last sentence moves into its place
+    assert g._store.kv[0] is storage  # rows moved in place, no new layout
     assert g.keys == [before[-1], *before[1:-1]] and g.rows == len(before) - 1
+    assert g.source_width == width
+    assert rb.drop([0]) == 1  # the widest leaves: the source axis shrinks
     assert g.source_width < width  # 24 -> 8 positions
     while len(rb):
         for f in rb.step():
             results[f.key] = f.hypotheses
     for key, hyps in results.items():
         same(hyps, solo[texts[key], greedy])
-    assert set(results) == set(range(1, len(texts)))
+    assert set(results) == set(range(1, len(texts))) - {before[0]}

@@ -156,9 +156,8 @@ def test_bundle_layout_and_manifest(tiny: TinyBundle):
         assert sha256_file(tiny.bundle / rel) == entry["sha256"]
         assert (tiny.bundle / rel).stat().st_size == entry["bytes"]
     for variant, graphs in m["variants"].items():
-        assert {g: graphs[g] for g in ("encoder", "decoder", "cache")} == {
-            g: f"{variant}/{g}.onnx" for g in ("encoder", "decoder", "cache")
-        }
+        names = ("encoder", "decoder", "cache", "kv_rows")
+        assert {g: graphs[g] for g in names} == {g: f"{variant}/{g}.onnx" for g in names}
     assert "per-channel" in m["variants"]["int8"]["precision"]
     assert "batch-invariant" in m["variants"]["int8"]["precision"]
     assert "bundle " in tiny.stdout.splitlines()[-1] and "parity fp32" in tiny.stdout.splitlines()[-1]
@@ -258,7 +257,7 @@ def test_zero_length_source_row_is_finite(tiny: TinyBundle):
     assert np.isneginf(out[1][0]).sum() == 0 and (out[1][1] == 0).all()  # all-pad rows attend everywhere
 
 
-def test_cache_graph_and_gemm_rewrite(tmp_path: Path):
+def test_cache_graphs_and_gemm_rewrite(tmp_path: Path):
     path = tmp_path / "cache.onnx"
     ox.make_cache_graph(path, 2, onnx.TensorProto.FLOAT)
     x = np.arange(24, dtype=np.float32).reshape(4, 1, 2, 3)
@@ -267,6 +266,27 @@ def test_cache_graph_and_gemm_rewrite(tmp_path: Path):
     y0, y1 = session(path).run(None, {"idx": idx, "x_0": x, "x_1": -x, "n_0": n, "n_1": n[:, :, :0]})
     np.testing.assert_array_equal(y0, np.concatenate([x, n], axis=2)[idx])  # reorder + append
     np.testing.assert_array_equal(y1, -x[idx])  # zero-length append: plain gather
+    # kv_rows: rows of [a; b] fitted (sliced or zero-padded) to t_out slots, n[n_idx] written at pos.
+    path = tmp_path / "kv_rows.onnx"
+    ox.make_kv_rows_graph(path, 2, onnx.TensorProto.FLOAT)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((3, 2, 5, 4)).astype(np.float32)
+    b = rng.standard_normal((2, 2, 3, 4)).astype(np.float32)
+    n = rng.standard_normal((3, 2, 1, 4)).astype(np.float32)
+    idx, n_idx, pos = np.array([4, 0, 2, 3, 1]), np.array([0, 1, 2, 0, 1]), np.array([1, -1, 0, 7, 3])
+    rows = session(path)
+    for t_out in (2, 5, 8):
+        feed = {"idx": idx, "n_idx": n_idx, "pos": pos, "t_out": np.array([t_out])}
+        y0, y1 = rows.run(None, feed | {"a_0": a, "b_0": b, "n_0": n, "a_1": -a, "b_1": -b, "n_1": -n})
+        want = np.zeros((5, 2, t_out, 4), dtype=np.float32)
+        for m, r in enumerate(idx):
+            src = a[r] if r < 3 else b[r - 3]
+            keep = min(t_out, src.shape[1])
+            want[m, :, :keep] = src[:, :keep]
+            if 0 <= pos[m] < t_out:
+                want[m, :, pos[m]] = n[n_idx[m], :, 0]
+        np.testing.assert_array_equal(y0, want)
+        np.testing.assert_array_equal(y1, -want)
     # Gemm(transB) -> MatMul rewrite keeps the function (int8 quantization needs MatMul).
     torch.manual_seed(0)
     lin = torch.nn.Linear(4, 3)
@@ -285,6 +305,24 @@ def test_cache_graph_and_gemm_rewrite(tmp_path: Path):
         None, {"a": a}
     )
     np.testing.assert_allclose(got[0], lin(torch.from_numpy(a)).detach().numpy(), atol=1e-6)
+
+
+def test_step_cost_times_both_cache_placements(tiny: TinyBundle, tmp_path: Path, capsys):
+    from export import step_cost
+
+    out = tmp_path / "cost.json"
+    argv = ["--bundle", str(tiny.bundle), "--rows", "1,3", "--capacities", "16", "--iters", "2"]
+    argv += ["--reps", "1"]
+    assert step_cost.main([*argv, "--cache", "both", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["cache"]) == {"host", "device"} and report["providers"][0] == "CPUExecutionProvider"
+    for where in ("host", "device"):
+        ms = report["cache"][where]["ms_per_step"]["16"]
+        assert set(ms) == {"1", "3"} and all(v > 0 for v in ms.values())
+        assert {"fixed_ms", "per_row_ms"} <= set(report["cache"][where]["fit"]["16"])
+    assert "Summary (device cache)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        step_cost.main([*argv, "--cache", "gpu"])
 
 
 def test_export_rejects_bad_arguments(tiny: TinyBundle, tmp_path: Path, capsys):
