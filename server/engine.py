@@ -411,6 +411,11 @@ class Generator:
         self.last_stats: dict[str, Any] = {}
         self.greedy_fast_path = True  # beam 1 through the vectorised greedy branch (same result, faster)
 
+    @property
+    def inflight_on_device(self) -> bool:
+        """Whether an in-flight DecodeBatch keeps K/V on the device (IOBinding and the kv_rows graph)."""
+        return isinstance(self.cache, _BoundCache) and self.kv_rows_graph is not None
+
     def _session_options(self) -> ort.SessionOptions:
         so = ort.SessionOptions()
         so.intra_op_num_threads = self.threads
@@ -979,8 +984,7 @@ class DecodeBatch:
                 "batching needs per-row positions (N,): re-export the bundle with this version"
             )
         self.g = gen
-        device = isinstance(gen.cache, _BoundCache) and gen.kv_rows_graph is not None
-        self._store: _HostRows | _DeviceRows = _DeviceRows(gen) if device else _HostRows(gen)
+        self._store: _HostRows | _DeviceRows = _DeviceRows(gen) if gen.inflight_on_device else _HostRows(gen)
         self._clear()  # per-sentence state
         self._hist = np.zeros((0, 1, 0), dtype=np.int64)  # (n_cap, Kc, L) tokens so far per beam
         self.steps = 0
@@ -1347,6 +1351,13 @@ class Engine:
     def supports_inflight(self) -> bool:
         """Whether the bundle's decoder takes per-row positions (needed by running_batch())."""
         return bool(self.generator.row_positions)
+
+    @property
+    def inflight_copies_cache(self) -> bool:
+        """Whether the in-flight batch's K/V cross the bus at every step: the sessions bind their cache
+        on the device (CUDA) but the bundle predates the kv_rows graph, so the batch runs from host memory."""
+        g = self.generator
+        return isinstance(g.cache, _BoundCache) and not g.inflight_on_device
 
     def running_batch(self) -> RunningBatch:
         """A step-level in-flight batch over this engine (see RunningBatch); BundleError if the bundle's

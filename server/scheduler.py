@@ -160,6 +160,12 @@ class Scheduler:
         if mode == "inflight" and not getattr(engine, "supports_inflight", False):
             log.warning("the bundle's decoder graph lacks per-row positions: request-level batching instead")
             mode = "request"
+        if mode == "inflight" and getattr(engine, "inflight_copies_cache", False):
+            log.warning(
+                "the bundle has no kv_rows graph: the in-flight batch keeps its KV cache in host memory "
+                "and copies it to the device at every step; re-export the bundle (python -m export) to "
+                "keep it on the device"
+            )
         self.mode = mode
         self.batching = mode != "off"
         self.max_running_tokens = max_running_tokens

@@ -28,6 +28,18 @@ SHIPPED_BUNDLE = REPO_ROOT / "bundles" / "en-es-small"
 TOKENIZER = SHIPPED_CHECKPOINT / "tokenizer.model"
 
 
+def copy_without_kv_rows(bundle: Path, dst: Path) -> Path:
+    """A copy of `bundle` as exported before the kv_rows graph (in-flight K/V on the device) existed."""
+    import shutil
+
+    shutil.copytree(bundle, dst)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    for variant in manifest["variants"].values():
+        manifest["files"].pop(variant.pop("kv_rows"))
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+    return dst
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -28,6 +28,7 @@ from server.engine import (
     Hypothesis,
     InputTooLongError,
 )
+from tests.conftest import copy_without_kv_rows
 from tests.test_export import (
     MAX_LENGTH_CAP,
     MAX_SOURCE_TOKENS,
@@ -606,13 +607,7 @@ def test_bundle_without_kv_rows_graph_keeps_the_cache_on_the_host(
     engine: Engine, tiny: TinyBundle, tmp_path: Path
 ):
     """Bundles exported before the kv_rows graph still batch in flight with IOBinding, from host memory."""
-    dst = tmp_path / "bundle"
-    shutil.copytree(tiny.bundle, dst)
-    manifest = json.loads((dst / "manifest.json").read_text())
-    for v in manifest["variants"].values():
-        manifest["files"].pop(v.pop("kv_rows"))
-    (dst / "manifest.json").write_text(json.dumps(manifest))
-    old = Engine(dst, intra_op_threads=1, io_binding=True)
+    old = Engine(copy_without_kv_rows(tiny.bundle, tmp_path / "bundle"), intra_op_threads=1, io_binding=True)
     rb = old.running_batch()
     assert old.generator.kv_rows_graph is None and not rb.beam.on_device
     opts = DecodingOptions(beam_size=2, num_hypotheses=2)

@@ -10,6 +10,7 @@ import pytest
 from server.engine import DecodingOptions, Engine
 from server.metrics import Metrics
 from server.scheduler import Job, QueueFullError, RequestCancelled, Scheduler
+from tests.conftest import copy_without_kv_rows
 
 TEXTS = [
     "Open the file",
@@ -356,3 +357,16 @@ def test_inflight_falls_back_without_per_row_positions(engine, monkeypatch):
         scheduler.stop(5)
     with pytest.raises(ValueError, match="batching mode"):
         Scheduler(engine, mode="sometimes")
+
+
+def test_inflight_warns_when_the_cache_would_cross_the_bus(tiny_bundle, tmp_path, caplog):
+    """Device sessions (IOBinding) with a bundle exported before the kv_rows graph: in-flight batching
+    works from host memory, and the operator is told to re-export."""
+    bundle = copy_without_kv_rows(tiny_bundle, tmp_path / "bundle")
+    for path, copies in ((tiny_bundle, False), (bundle, True)):
+        engine = Engine(path, intra_op_threads=1, io_binding=True)
+        assert engine.inflight_copies_cache is copies
+        caplog.clear()
+        scheduler, _ = make_scheduler(engine, mode="inflight")
+        scheduler.stop(5)
+        assert ("no kv_rows graph" in caplog.text) is copies
