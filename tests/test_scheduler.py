@@ -221,7 +221,9 @@ BEAM2 = DecodingOptions(beam_size=2, num_hypotheses=2, max_length=10, length_pen
 BEAM4 = DecodingOptions(beam_size=4, num_hypotheses=1, max_length=16, length_penalty=1.0)
 
 
-def test_inflight_random_arrivals_mixed_beams_match_solo(engine):
+@pytest.mark.parametrize("storage", ["host", "device"])
+def test_inflight_random_arrivals_mixed_beams_match_solo(engine, tiny_bundle, storage):
+    """Also with K/V as OrtValues changed by the kv_rows graph (IOBinding, the CUDA path) on the CPU."""
     import random
 
     rng = random.Random(7)
@@ -231,8 +233,9 @@ def test_inflight_random_arrivals_mixed_beams_match_solo(engine):
         for _ in range(11)
     ]
     solo = {(t, o): engine.translate([t], o)[0] for _, texts, o in plan for t in texts}
-    scheduler, metrics = make_scheduler(engine, mode="inflight")
-    assert scheduler.mode == "inflight"
+    served_by = engine if storage == "host" else Engine(tiny_bundle, intra_op_threads=1, io_binding=True)
+    scheduler, metrics = make_scheduler(served_by, mode="inflight")
+    assert scheduler.mode == "inflight" and served_by.generator.inflight_on_device == (storage == "device")
 
     async def one(delay, texts, options):
         await asyncio.sleep(delay)
