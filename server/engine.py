@@ -850,7 +850,7 @@ class _DeviceRows(_Rows):
     bias (small) and the decoder's candidates do. Same interface as _HostRows."""
 
     def __init__(self, gen: Generator) -> None:
-        if not isinstance(gen.cache, _BoundCache) or gen.kv_rows_graph is None:
+        if not gen.inflight_on_device:
             raise BundleError("device-resident in-flight storage needs IOBinding and the kv_rows graph")
         self.g = gen
         self.cache = gen.cache  # stateless: encode and step with device outputs
