@@ -253,7 +253,8 @@ def _build(
                 elem = onnx.TensorProto.FLOAT16
             ox.make_cache_graph(vdir / "cache.onnx", 2 * n_layers, elem)
             ox.make_kv_rows_graph(vdir / "kv_rows.onnx", 2 * n_layers, elem)
-            for path in (enc, dec, vdir / "cache.onnx", vdir / "kv_rows.onnx"):
+            ox.make_kv_step_graph(vdir / "kv_step.onnx", 2 * n_layers, elem)
+            for path in (enc, dec, *(vdir / f"{g}.onnx" for g in ("cache", *OPTIONAL_GRAPHS))):
                 ox.check_graph(path)
             info["variants"][variant] = {g: f"{variant}/{g}.onnx" for g in (*GRAPHS, *OPTIONAL_GRAPHS)}
             info["variants"][variant]["precision"] = {

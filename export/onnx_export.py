@@ -434,6 +434,44 @@ def make_kv_rows_graph(path: Path, n_tensors: int, elem_type: int, opset: int = 
     onnx.save(model, str(path))
 
 
+def make_kv_step_graph(path: Path, n_tensors: int, elem_type: int, opset: int = OPSET) -> None:
+    """The in-flight batch's cache after a decoder step, on the device (IOBinding path), for j < n_tensors:
+
+        y_j = ScatterND(Gather(a_j, idx), write, Reshape(Gather(n_j, idx), (M * H, D)))
+
+    a_j (N, H, T, D): the cache; n_j (N, H, 1, D): this step's K/V; idx (M,): each output row's origin
+    (beam reorder, sentences leaving); write (M * H, 3): [m, h, position of row m] for every m, h. Two
+    passes over the cache where the general kv_rows graph makes five: the steady state of decoding."""
+    i64 = TensorProto.INT64
+    inputs = [
+        helper.make_tensor_value_info("idx", i64, ["m"]),
+        helper.make_tensor_value_info("write", i64, ["mh", 3]),
+    ]
+    outputs = []
+    minus_one = helper.make_tensor("minus_one", i64, [1], [-1])
+    nodes = [
+        helper.make_node("Constant", [], ["minus_one"], value=minus_one, name="minus_one"),
+        helper.make_node("Shape", ["a_0"], ["d"], start=3, end=4, name="d"),
+        helper.make_node("Concat", ["minus_one", "d"], ["flat"], axis=0, name="flat"),
+    ]
+    for j in range(n_tensors):
+        inputs.append(helper.make_tensor_value_info(f"a_{j}", elem_type, ["n", "h", "t", "d"]))
+        inputs.append(helper.make_tensor_value_info(f"n_{j}", elem_type, ["n", "h", 1, "d"]))
+        outputs.append(helper.make_tensor_value_info(f"y_{j}", elem_type, ["m", "h", "t", "d"]))
+        nodes += [
+            helper.make_node("Gather", [f"a_{j}", "idx"], [f"g_{j}"], axis=0, name=f"gather_{j}"),
+            helper.make_node("Gather", [f"n_{j}", "idx"], [f"gn_{j}"], axis=0, name=f"gather_n_{j}"),
+            helper.make_node("Reshape", [f"gn_{j}", "flat"], [f"u_{j}"], name=f"updates_{j}"),
+            helper.make_node("ScatterND", [f"g_{j}", "write", f"u_{j}"], [f"y_{j}"], name=f"write_{j}"),
+        ]
+    graph = helper.make_graph(nodes, "kv_step", inputs, outputs)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="export", ir_version=8
+    )
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
 # ------------------------------------------------------------------------------------------ variants
 
 

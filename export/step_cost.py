@@ -64,17 +64,20 @@ def step_ms(
     return best
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m export.step_cost",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def engine_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """Arguments of the engine-level benchmarks: which bundle, variant, device and thread count."""
+    raw = argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=raw)
     p.add_argument("--bundle", type=Path, default=Path("bundles/en-es-small"))
     p.add_argument("--variant", default="fp32")
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (as the server's --device)")
-    p.add_argument("--cache", default="host", help="where K/V live between steps: host, device or both")
     p.add_argument("--threads", type=int, default=1)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = engine_parser("python -m export.step_cost", __doc__)
+    p.add_argument("--cache", default="host", help="where K/V live between steps: host, device or both")
     p.add_argument("--rows", default="1,2,4,8,16,32,64")
     p.add_argument("--capacities", default="16,64,128")
     p.add_argument("--source", type=int, default=32, help="source positions")

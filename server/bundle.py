@@ -10,6 +10,7 @@ A bundle is a directory written by ``python -m export``::
     fp32/cache.onnx           K/V cache reorder + append on the device (IOBinding path)
     fp32/kv_rows.onnx         the in-flight batch's K/V rows on the device: gather, join, write at per-row
                               positions (IOBinding path; bundles exported before it lack it)
+    fp32/kv_step.onnx         the same after a plain decoder step (reorder + write), in fewer passes
     int8/...  fp16/...        the same graphs per extra variant
 
 `load_manifest` verifies the format version and the sha256 of every listed file and raises `BundleError`
@@ -27,7 +28,7 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.model"
 GRAPHS = ("encoder", "decoder", "cache")
-OPTIONAL_GRAPHS = ("kv_rows",)  # newer than format 1's first bundles: checked when listed
+OPTIONAL_GRAPHS = ("kv_rows", "kv_step")  # newer than format 1's first bundles: checked when listed
 
 
 class BundleError(Exception):

@@ -347,6 +347,7 @@ class Generator:
         decoder_path: str | Path,
         cache_path: str | Path | None = None,
         kv_rows_path: str | Path | None = None,
+        kv_step_path: str | Path | None = None,
         *,
         device: str = "cpu",
         intra_op_threads: int = 0,
@@ -367,6 +368,8 @@ class Generator:
             self.paths["cache"] = Path(cache_path)
         if kv_rows_path is not None:
             self.paths["kv_rows"] = Path(kv_rows_path)
+        if kv_step_path is not None:
+            self.paths["kv_step"] = Path(kv_step_path)
         device = device.lower()
         if device not in ("auto", "cpu") and not device.startswith("cuda"):
             raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
@@ -389,7 +392,8 @@ class Generator:
             try:
                 self._load([cuda, "CPUExecutionProvider"])
                 sessions = [self.encoder, self.decoder]
-                sessions += [x for x in (self.cache_graph, self.kv_rows_graph) if x is not None]
+                graphs = (self.cache_graph, self.kv_rows_graph, self.kv_step_graph)
+                sessions += [x for x in graphs if x is not None]
                 got = [s.get_providers()[0] for s in sessions]
                 self.on_cuda = all(p == "CUDAExecutionProvider" for p in got)
                 problem = f"ONNX Runtime gave {got}"
@@ -413,8 +417,9 @@ class Generator:
 
     @property
     def inflight_on_device(self) -> bool:
-        """Whether an in-flight DecodeBatch keeps K/V on the device (IOBinding and the kv_rows graph)."""
-        return isinstance(self.cache, _BoundCache) and self.kv_rows_graph is not None
+        """Whether an in-flight DecodeBatch keeps K/V on the device (IOBinding and the kv_* graphs)."""
+        graphs = (self.kv_rows_graph, self.kv_step_graph)
+        return isinstance(self.cache, _BoundCache) and all(g is not None for g in graphs)
 
     def _session_options(self) -> ort.SessionOptions:
         so = ort.SessionOptions()
@@ -441,7 +446,8 @@ class Generator:
                 raise BundleError(f"{path}: ONNX Runtime cannot load this graph: {e}") from e
         self.encoder, self.decoder = sessions["encoder"], sessions["decoder"]
         self.cache_graph = sessions.get("cache")
-        self.kv_rows_graph = sessions.get("kv_rows")  # in-flight storage on the device (newer bundles)
+        # In-flight storage on the device (bundles exported since): general changes, plain steps.
+        self.kv_rows_graph, self.kv_step_graph = sessions.get("kv_rows"), sessions.get("kv_step")
 
     def _inspect(self) -> None:
         dec_in = {i.name: i for i in self.decoder.get_inputs()}
@@ -899,12 +905,34 @@ class _DeviceRows(_Rows):
     def update_rows(
         self, src: np.ndarray, filled: np.ndarray, t_cap: int, new_kv: list[Any] | None, same_layout: bool
     ) -> None:
+        if self.kv and t_cap == _shape(self.kv[0])[2] and (src >= 0).all():
+            # Nobody joins, same capacity: the steady state of decoding (a step) or sentences leaving.
+            self.kv = self.cache.take(self.kv, src) if new_kv is None else self._step(src, filled, new_kv)
+            return
         n_a = _shape(self.kv[0])[0] if self.kv else 1
         idx = np.where(src >= 0, src, n_a)  # joining rows: the zero row after a
         if new_kv is None:
             self.kv = self._run(self.kv, None, idx, t_cap)
         else:
             self.kv = self._run(self.kv, None, idx, t_cap, new_kv, src, filled)
+
+    def _step(self, src: np.ndarray, filled: np.ndarray, new_kv: list[Any]) -> list[Any]:
+        """kv_step graph: rows src of the cache with new_kv[src] written at slot filled (per row)."""
+        g, cache = self.g, self.cache
+        m, h = src.size, g.n_heads
+        write = np.empty((m, h, 3), dtype=np.int64)  # [row, head, slot] of every row's new K/V
+        write[:, :, 0] = np.arange(m)[:, None]
+        write[:, :, 1] = np.arange(h)[None, :]
+        write[:, :, 2] = filled[:, None]
+        io = g.kv_step_graph.io_binding()
+        io.bind_cpu_input("idx", np.ascontiguousarray(src, dtype=np.int64))
+        io.bind_cpu_input("write", write.reshape(m * h, 3))
+        for j in range(2 * g.n_layers):
+            cache._bind(io, f"a_{j}", self.kv[j])
+            cache._bind(io, f"n_{j}", new_kv[j])
+            io.bind_output(f"y_{j}", cache.dev, cache.dev_id)
+        g.kv_step_graph.run_with_iobinding(io)
+        return list(io.get_outputs())
 
     def admit_sources(self, n_old: int, groups: list[tuple[np.ndarray, list[Any]]], width: int) -> None:
         for bias_new, cross_new in groups:
@@ -920,7 +948,7 @@ class _DeviceRows(_Rows):
 
     def compact_sources(self, perm: np.ndarray, moved: np.ndarray) -> None:
         if moved.size or perm.size != self.bias.shape[0]:
-            self.cross = self._run(self.cross, None, perm, self.source_width)
+            self.cross = self.cache.take(self.cross, perm)  # a plain row gather (the cache graph)
             self.bias = self.bias[perm]
 
     def fit_sources(self, n: int, width: int) -> None:
@@ -1300,7 +1328,7 @@ class Engine:
             self.bundle_dir / files["encoder"],
             self.bundle_dir / files["decoder"],
             self.bundle_dir / files["cache"],
-            self.bundle_dir / files["kv_rows"] if "kv_rows" in files else None,
+            *(self.bundle_dir / files[g] if g in files else None for g in ("kv_rows", "kv_step")),
             device=device,
             intra_op_threads=intra_op_threads,
             io_binding=io_binding,

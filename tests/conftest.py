@@ -29,13 +29,15 @@ TOKENIZER = SHIPPED_CHECKPOINT / "tokenizer.model"
 
 
 def copy_without_kv_rows(bundle: Path, dst: Path) -> Path:
-    """A copy of `bundle` as exported before the kv_rows graph (in-flight K/V on the device) existed."""
+    """A copy of `bundle` as exported before the kv_rows and kv_step graphs (in-flight K/V on the
+    device) existed."""
     import shutil
 
     shutil.copytree(bundle, dst)
     manifest = json.loads((dst / "manifest.json").read_text())
     for variant in manifest["variants"].values():
-        manifest["files"].pop(variant.pop("kv_rows"))
+        for graph in ("kv_rows", "kv_step"):
+            manifest["files"].pop(variant.pop(graph))
     (dst / "manifest.json").write_text(json.dumps(manifest))
     return dst
 

@@ -156,7 +156,7 @@ def test_bundle_layout_and_manifest(tiny: TinyBundle):
         assert sha256_file(tiny.bundle / rel) == entry["sha256"]
         assert (tiny.bundle / rel).stat().st_size == entry["bytes"]
     for variant, graphs in m["variants"].items():
-        names = ("encoder", "decoder", "cache", "kv_rows")
+        names = ("encoder", "decoder", "cache", "kv_rows", "kv_step")
         assert {g: graphs[g] for g in names} == {g: f"{variant}/{g}.onnx" for g in names}
     assert "per-channel" in m["variants"]["int8"]["precision"]
     assert "batch-invariant" in m["variants"]["int8"]["precision"]
@@ -287,6 +287,16 @@ def test_cache_graphs_and_gemm_rewrite(tmp_path: Path):
                 want[m, :, pos[m]] = n[n_idx[m], :, 0]
         np.testing.assert_array_equal(y0, want)
         np.testing.assert_array_equal(y1, -want)
+    # kv_step: rows idx of a with n[idx] written at each row's slot (the [row, head, slot] list).
+    path = tmp_path / "kv_step.onnx"
+    ox.make_kv_step_graph(path, 2, onnx.TensorProto.FLOAT)
+    idx, slot = np.array([2, 2, 0, 1]), np.array([4, 0, 3, 1])
+    write = np.array([[m, h, slot[m]] for m in range(4) for h in range(2)], dtype=np.int64)
+    y0, y1 = session(path).run(None, {"idx": idx, "write": write, "a_0": a, "n_0": n, "a_1": -a, "n_1": -n})
+    want = a[idx].copy()
+    want[np.arange(4), :, slot] = n[idx, :, 0]
+    np.testing.assert_array_equal(y0, want)
+    np.testing.assert_array_equal(y1, -want)
     # Gemm(transB) -> MatMul rewrite keeps the function (int8 quantization needs MatMul).
     torch.manual_seed(0)
     lin = torch.nn.Linear(4, 3)
@@ -323,6 +333,27 @@ def test_step_cost_times_both_cache_placements(tiny: TinyBundle, tmp_path: Path,
     assert "Summary (device cache)" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         step_cost.main([*argv, "--cache", "gpu"])
+
+
+def test_saturation_modes_run_the_same_row_steps(tiny: TinyBundle, tmp_path: Path, capsys):
+    """Finished sentences leave the batch in every mode, so request-level and in-flight batching run the
+    same decoder row-steps for the same sentences; only what a row-step costs differs."""
+    from export import saturation
+
+    out = tmp_path / "saturation.json"
+    argv = ["--bundle", str(tiny.bundle), "--data", str(tmp_path), "--sentences", "12", "--beams", "1,3"]
+    assert saturation.main([*argv, "--batch", "5", "--rows", "9", "--reps", "1", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["sentences"] == 12 and report["inflight_kv"] == "host"
+    capsys.readouterr()
+    assert saturation.main([*argv, "--io-binding", "--reps", "1", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["inflight_kv"] == "device"
+    for beam, modes in report["beams"].items():
+        assert set(modes) == set(saturation.MODES)
+        assert len({r["row_steps"] for r in modes.values()}) == 1  # the invariant
+        assert modes["inflight"]["mean_rows"] <= 9 and modes["request-arrival"]["mean_rows"] <= 5 * int(beam)
+        assert modes["inflight"]["steps"] < modes["request-arrival"]["steps"]
+    assert "inflight / request-sorted" in capsys.readouterr().out.splitlines()[-1]
 
 
 def test_export_rejects_bad_arguments(tiny: TinyBundle, tmp_path: Path, capsys):
