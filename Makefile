@@ -71,6 +71,7 @@ bench: install bundle
 # Servers on CPU 1 (1 ONNX Runtime thread each, one busy at a time), load generator on the others.
 bench-batching: install bundle
 	$(PY) -m export.step_cost --bundle $(BUNDLE) --threads 1 --json bench-step-cost.json
+	$(PY) -m export.saturation --bundle $(BUNDLE) --threads 1 --json bench-saturation.json
 	$(PY) -m client.bench_batching --model-dir $(BUNDLE) --out bench-batching.json --server-cpus 1 --threads 1
 
 proto: install
