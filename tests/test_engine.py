@@ -617,11 +617,14 @@ def test_bundle_without_kv_rows_graph_keeps_the_cache_on_the_host(
     same(out[0].hypotheses, engine.translate([TEXTS[1]], opts)[0])
 
 
-def test_leaving_sentences_cost_a_row_move_not_a_cache_copy(engine: Engine, solo: dict):
-    """Greedy group: a sentence leaving (dropped here) is replaced by the last live one in place (the
-    cache storage is not re-laid out); the source axis shrinks once the widest sentence has left; the
-    others' results are unchanged."""
-    rb = engine.running_batch()
+@pytest.mark.parametrize("storage", ["host", "device"])
+def test_leaving_sentences_cost_a_row_move_not_a_cache_copy(
+    engine: Engine, bound_engine: Engine, solo: dict, storage: str
+):
+    """Greedy group: a sentence leaving (dropped here) is replaced by the last live one (on the host in
+    place: the cache storage is not re-laid out); the source axis shrinks once the widest sentence has
+    left; the others' results are unchanged."""
+    rb = (engine if storage == "host" else bound_engine).running_batch()
     greedy = OPTIONS[0]
     wide = "Delete the selected messages permanently? " * 4
     texts = [wide, TEXTS[0], TEXTS[2], "Print", "Save changes?"]  # 24 source tokens vs <= 4
@@ -630,9 +633,9 @@ def test_leaving_sentences_cost_a_row_move_not_a_cache_copy(engine: Engine, solo
     results: dict = {}
     before = list(g.keys)
     assert before[-1] == 0  # admitted in order of source width: the widest joins last
-    storage, width = g._store.kv[0], g.source_width
+    kv, width = g._store.kv[0], g.source_width
     assert rb.drop([before[0]]) == 1  # position 0: the last sentence moves into its place
-    assert g._store.kv[0] is storage  # rows moved in place, no new layout
+    assert (g._store.kv[0] is kv) == (storage == "host")  # host: rows moved in place
     assert g.keys == [before[-1], *before[1:-1]] and g.rows == len(before) - 1
     assert g.source_width == width
     assert rb.drop([0]) == 1  # the widest leaves: the source axis shrinks
