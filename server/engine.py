@@ -850,14 +850,15 @@ class _HostRows(_Rows):
 
 class _DeviceRows(_Rows):
     """The in-flight batch's tensors on the device (IOBinding path: CUDA; also runs on CPU for tests):
-    K/V are OrtValues holding exactly the live rows, and every change (beam reorder + this step's K/V at
-    per-row positions, sentences joining or leaving, the time or source axis growing or shrinking) is
-    one run of the bundle's kv_rows graph, so K/V never cross the bus. Only ids, positions, the source
-    bias (small) and the decoder's candidates do. Same interface as _HostRows."""
+    K/V are OrtValues holding exactly the live rows, and every change is one graph run on the device, so
+    K/V never cross the bus (only ids, positions, the source bias and the decoder's candidates do): a
+    plain step (beam reorder + this step's K/V at per-row positions) runs the bundle's kv_step graph,
+    sentences leaving the cache graph's row gather, and the rest (sentences joining, the time or source
+    axis growing or shrinking) the general kv_rows graph. Same interface as _HostRows."""
 
     def __init__(self, gen: Generator) -> None:
         if not gen.inflight_on_device:
-            raise BundleError("device-resident in-flight storage needs IOBinding and the kv_rows graph")
+            raise BundleError("in-flight K/V on the device need IOBinding and the kv_rows/kv_step graphs")
         self.g = gen
         self.cache = gen.cache  # stateless: encode and step with device outputs
         self.kv: list[Any] = []  # 2L x (rows, H, T, Dh) OrtValues
@@ -996,8 +997,8 @@ class DecodeBatch:
       sentence has filled (not the capacity of the longest running sentence, as a whole-cache gather
       would);
     * _DeviceRows (IOBinding, CUDA): OrtValues of exactly the live rows, rebuilt on the device by the
-      bundle's kv_rows graph at each change (device memory bandwidth makes the full copy cheap; the
-      host never sees the K/V).
+      bundle's kv_step / kv_rows graphs at each change (device memory bandwidth makes the full copy
+      cheap; the host never sees the K/V).
 
     The time axis grows by 16 slots when the longest row needs it and shrinks again when long sentences
     leave (every row attends over all of it, masked); likewise the source axis.
@@ -1383,7 +1384,8 @@ class Engine:
     @property
     def inflight_copies_cache(self) -> bool:
         """Whether the in-flight batch's K/V cross the bus at every step: the sessions bind their cache
-        on the device (CUDA) but the bundle predates the kv_rows graph, so the batch runs from host memory."""
+        on the device (CUDA) but the bundle predates the kv_rows/kv_step graphs, so the batch runs from host
+        memory."""
         g = self.generator
         return isinstance(g.cache, _BoundCache) and not g.inflight_on_device
 

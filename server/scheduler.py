@@ -162,9 +162,9 @@ class Scheduler:
             mode = "request"
         if mode == "inflight" and getattr(engine, "inflight_copies_cache", False):
             log.warning(
-                "the bundle has no kv_rows graph: the in-flight batch keeps its KV cache in host memory "
-                "and copies it to the device at every step; re-export the bundle (python -m export) to "
-                "keep it on the device"
+                "the bundle has no kv_rows/kv_step graphs: the in-flight batch keeps its KV cache in host "
+                "memory and copies it to the device at every step; re-export the bundle (python -m export) "
+                "to keep it on the device"
             )
         self.mode = mode
         self.batching = mode != "off"

@@ -372,4 +372,4 @@ def test_inflight_warns_when_the_cache_would_cross_the_bus(tiny_bundle, tmp_path
         caplog.clear()
         scheduler, _ = make_scheduler(engine, mode="inflight")
         scheduler.stop(5)
-        assert ("no kv_rows graph" in caplog.text) is copies
+        assert ("no kv_rows/kv_step graphs" in caplog.text) is copies
