@@ -39,6 +39,15 @@ cache.onnx
     in   idx (M,) int64, x_j (N, H, T, Dh), n_j (N, H, T', Dh) for j < 2 * layers
     out  y_j = concat(x_j[idx], n_j[idx], axis=2): device-side cache reorder + append (IOBinding path);
          with T' = 0 it is a plain row gather (compaction of the cross K/V)
+
+kv_rows.onnx (the in-flight batch on the device: sentences joining, an axis growing or shrinking)
+    in   idx, n_idx, pos (M,) int64, t_out (1,) int64, a_j (Na, H, Ta, Dh), b_j (Nb, H, Tb, Dh),
+         n_j (Nn, H, 1, Dh) for j < 2 * layers
+    out  y_j = rows idx of [a_j; b_j] sliced / zero-padded to t_out slots, n_j[n_idx] written at pos
+
+kv_step.onnx (the in-flight batch on the device after a plain step)
+    in   idx (M,) int64, write (M * H, 3) int64, a_j (N, H, T, Dh), n_j (N, H, 1, Dh)
+    out  y_j = a_j[idx] with n_j[idx] scattered to [row, head, slot] of `write`
 """
 
 from __future__ import annotations
