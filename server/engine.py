@@ -338,6 +338,57 @@ def select_greedy(
     return tok, score, is_eos, ends, done
 
 
+Ending = tuple[int, list[int], float]  # (row, tokens, length-normalised score) of a finished hypothesis
+
+
+def greedy_endings(
+    hist: np.ndarray,
+    t: Sequence[int],
+    lp: Callable[[int], float],
+    tok: np.ndarray,
+    score: np.ndarray,
+    is_eos: np.ndarray,
+    ends: np.ndarray,
+) -> list[Ending]:
+    """The hypotheses that end at this greedy step (select_greedy's `ends`): row r's history
+    hist[r, 0, :t[r]], plus this step's token unless it is EOS, its score divided by lp(r)."""
+    out = []
+    for r in np.flatnonzero(ends).tolist():
+        seq = hist[r, 0, : t[r]].tolist()
+        if not is_eos[r]:
+            seq.append(int(tok[r]))
+        out.append((r, seq, float(score[r]) / lp(r)))
+    return out
+
+
+def beam_endings(
+    hist: np.ndarray,
+    t: Sequence[int],
+    lp: Callable[[int], float],
+    beam: np.ndarray,
+    top_s: np.ndarray,
+    eos_fin: np.ndarray,
+    at_limit: np.ndarray,
+    n_live: np.ndarray,
+    new_beam: np.ndarray,
+    new_tok: np.ndarray,
+    new_score: np.ndarray,
+) -> list[Ending]:
+    """The hypotheses that finish at this beam step (select_candidates' outputs), in the reference's
+    order: EOS candidates ranked below K (their beam's history hist[r, beam, :t[r]]), then, for rows at
+    their length limit, every live beam with this step's token appended; scores divided by lp(r)."""
+    out = []
+    rows_e, ranks_e = np.nonzero(eos_fin)
+    for r, rk in zip(rows_e.tolist(), ranks_e.tolist(), strict=True):
+        out.append((r, hist[r, beam[r, rk], : t[r]].tolist(), float(top_s[r, rk]) / lp(r)))
+    for r in np.flatnonzero(at_limit).tolist():
+        for k in range(int(n_live[r])):
+            seq = hist[r, new_beam[r, k], : t[r]].tolist()
+            seq.append(int(new_tok[r, k]))
+            out.append((r, seq, float(new_score[r, k]) / lp(r)))
+    return out
+
+
 class Generator:
     """Id-level decoding over an encoder/decoder graph pair (no tokenizer; used by Engine and tests)."""
 
@@ -594,33 +645,24 @@ class Generator:
             lp = gnmt_length_penalty(length, length_penalty)
             at_limit = lim <= length
 
+            ts, lp_of = [t] * n_act, lambda r, lp=lp: lp  # every row is at step t
             if greedy:
                 tok, s, is_eos, ends, done = select_greedy(top_s, top_i, eos, at_limit)
                 new_beam = np.zeros((n_act, 1), dtype=np.int64)
                 new_tok = np.ascontiguousarray(tok).reshape(-1, 1)
                 new_score = np.ascontiguousarray(s).reshape(-1, 1)
-                for r in np.flatnonzero(ends):
-                    seq = hist[r, 0, :t].tolist()
-                    if not is_eos[r]:
-                        seq.append(int(tok[r]))
-                    finished[active[r]].append((seq, float(s[r]) / lp))
+                endings = greedy_endings(hist, ts, lp_of, tok, s, is_eos, ends)
             else:
                 beam, tok, top_s, eos_fin, n_live, new_beam, new_tok, new_score = select_candidates(
                     top_s, top_i, V, eos, self.pad_id, np.full(n_act, K), K
                 )
-                rows_e, ranks_e = np.nonzero(eos_fin)
-                for r, rank in zip(rows_e.tolist(), ranks_e.tolist(), strict=True):
-                    finished[active[r]].append(
-                        (hist[r, beam[r, rank], :t].tolist(), float(top_s[r, rank]) / lp)
-                    )
+                endings = beam_endings(
+                    hist, ts, lp_of, beam, top_s, eos_fin, at_limit, n_live, new_beam, new_tok, new_score
+                )
                 n_fin += eos_fin.sum(axis=1)
-                for r in np.flatnonzero(at_limit).tolist():
-                    b = active[r]
-                    for k in range(int(n_live[r])):
-                        seq = hist[r, new_beam[r, k], :t].tolist()
-                        seq.append(int(new_tok[r, k]))
-                        finished[b].append((seq, float(new_score[r, k]) / lp))
                 done = at_limit | (n_fin >= K) | (n_live == 0)
+            for r, seq, norm in endings:
+                finished[active[r]].append((seq, norm))
             t2 = time.perf_counter()
             stats["select_s"] += t2 - t1
 
@@ -1232,33 +1274,25 @@ class DecodeBatch:
         self.steps += 1
         at_limit = self.lim <= self.t + 1
         fin, hist, t_all = self._finished, self._hist, self.t.tolist()
+
+        def lp_of(r: int) -> float:  # each sentence at its own step, with its own alpha
+            return gnmt_length_penalty(t_all[r] + 1, float(self.alpha[r]))
+
         if greedy:
             tok, score, is_eos, ends, done = select_greedy(top_s, top_i, eos, at_limit)
-            for r in np.flatnonzero(ends).tolist():
-                t = t_all[r]
-                seq = hist[r, 0, :t].tolist()
-                if not is_eos[r]:
-                    seq.append(int(tok[r]))
-                fin[r].append((seq, float(score[r]) / gnmt_length_penalty(t + 1, float(self.alpha[r]))))
+            endings = greedy_endings(hist, t_all, lp_of, tok, score, is_eos, ends)
             new_beam, new_tok, new_score = None, tok.reshape(-1, 1), score.reshape(-1, 1)
         else:
             beam, tok, top_s, eos_fin, n_live, new_beam, new_tok, new_score = select_candidates(
                 top_s, top_i, V, eos, g.pad_id, self.beam, kc
             )
-            rows_e, ranks_e = np.nonzero(eos_fin)
-            for r, rk in zip(rows_e.tolist(), ranks_e.tolist(), strict=True):
-                t = t_all[r]
-                lp = gnmt_length_penalty(t + 1, float(self.alpha[r]))
-                fin[r].append((hist[r, beam[r, rk], :t].tolist(), float(top_s[r, rk]) / lp))
+            endings = beam_endings(
+                hist, t_all, lp_of, beam, top_s, eos_fin, at_limit, n_live, new_beam, new_tok, new_score
+            )
             self.n_fin = self.n_fin + eos_fin.sum(axis=1)
-            for r in np.flatnonzero(at_limit).tolist():
-                t = t_all[r]
-                lp = gnmt_length_penalty(t + 1, float(self.alpha[r]))
-                for k in range(int(n_live[r])):
-                    seq = hist[r, new_beam[r, k], :t].tolist()
-                    seq.append(int(new_tok[r, k]))
-                    fin[r].append((seq, float(new_score[r, k]) / lp))
             done = at_limit | (self.n_fin >= self.beam) | (n_live == 0)
+        for r, seq, norm in endings:
+            fin[r].append((seq, norm))
         # Stable sort: ties keep the order of finishing (step, then rank), as in the reference.
         out = [
             (self.keys[r], sorted(fin[r], key=lambda h: -h[1])[: int(self.n_best[r])])
