@@ -344,6 +344,15 @@ def add_topk(path: Path) -> None:
     onnx.save(model, str(path))
 
 
+def save_graph(path: Path, graph: onnx.GraphProto, opset: int = OPSET) -> None:
+    """Check and save a graph built node by node (the bundle's small cache graphs)."""
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="export", ir_version=8
+    )
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
 def make_cache_graph(path: Path, n_tensors: int, elem_type: int, opset: int = OPSET) -> None:
     """y_j = Concat(Gather(x_j, idx), Gather(n_j, idx), axis=2) for j < n_tensors: reorders K/V rows by
     beam origin, drops finished rows and appends this step's K/V, on the device (IOBinding path)."""
@@ -358,12 +367,7 @@ def make_cache_graph(path: Path, n_tensors: int, elem_type: int, opset: int = OP
             helper.make_node("Gather", [f"n_{j}", "idx"], [f"gn_{j}"], axis=0, name=f"gather_n_{j}"),
             helper.make_node("Concat", [f"gx_{j}", f"gn_{j}"], [f"y_{j}"], axis=2, name=f"append_{j}"),
         ]
-    graph = helper.make_graph(nodes, "cache_update", inputs, outputs)
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="export", ir_version=8
-    )
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
+    save_graph(path, helper.make_graph(nodes, "cache_update", inputs, outputs), opset)
 
 
 def make_kv_rows_graph(path: Path, n_tensors: int, elem_type: int, opset: int = OPSET) -> None:
@@ -435,12 +439,7 @@ def make_kv_rows_graph(path: Path, n_tensors: int, elem_type: int, opset: int = 
             helper.make_node("Gather", [f"n_{j}", "n_idx"], [f"gn_{j}"], axis=0, name=f"gather_n_{j}"),
             helper.make_node("Where", ["hit", f"gn_{j}", f"g_{j}"], [f"y_{j}"], name=f"write_{j}"),
         ]
-    graph = helper.make_graph(nodes, "kv_rows", inputs, outputs)
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="export", ir_version=8
-    )
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
+    save_graph(path, helper.make_graph(nodes, "kv_rows", inputs, outputs), opset)
 
 
 def make_kv_step_graph(path: Path, n_tensors: int, elem_type: int, opset: int = OPSET) -> None:
@@ -473,12 +472,7 @@ def make_kv_step_graph(path: Path, n_tensors: int, elem_type: int, opset: int = 
             helper.make_node("Reshape", [f"gn_{j}", "flat"], [f"u_{j}"], name=f"updates_{j}"),
             helper.make_node("ScatterND", [f"g_{j}", "write", f"u_{j}"], [f"y_{j}"], name=f"write_{j}"),
         ]
-    graph = helper.make_graph(nodes, "kv_step", inputs, outputs)
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="export", ir_version=8
-    )
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
+    save_graph(path, helper.make_graph(nodes, "kv_step", inputs, outputs), opset)
 
 
 # ------------------------------------------------------------------------------------------ variants

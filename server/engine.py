@@ -415,12 +415,8 @@ class Generator:
         # the last bits between "alone" and "inside a padded batch".
         self.max_positions, self.source_bucket = max_positions, max(1, source_bucket)
         self.paths = {"encoder": Path(encoder_path), "decoder": Path(decoder_path)}
-        if cache_path is not None:
-            self.paths["cache"] = Path(cache_path)
-        if kv_rows_path is not None:
-            self.paths["kv_rows"] = Path(kv_rows_path)
-        if kv_step_path is not None:
-            self.paths["kv_step"] = Path(kv_step_path)
+        optional = {"cache": cache_path, "kv_rows": kv_rows_path, "kv_step": kv_step_path}
+        self.paths |= {name: Path(p) for name, p in optional.items() if p is not None}
         device = device.lower()
         if device not in ("auto", "cpu") and not device.startswith("cuda"):
             raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
@@ -442,10 +438,7 @@ class Generator:
             problem = ""
             try:
                 self._load([cuda, "CPUExecutionProvider"])
-                sessions = [self.encoder, self.decoder]
-                graphs = (self.cache_graph, self.kv_rows_graph, self.kv_step_graph)
-                sessions += [x for x in graphs if x is not None]
-                got = [s.get_providers()[0] for s in sessions]
+                got = [s.get_providers()[0] for s in self._sessions.values()]
                 self.on_cuda = all(p == "CUDAExecutionProvider" for p in got)
                 problem = f"ONNX Runtime gave {got}"
             except BundleError as e:
@@ -495,6 +488,7 @@ class Generator:
                 sessions[name] = ort.InferenceSession(str(path), so, providers=providers)
             except Exception as e:  # noqa: BLE001 - onnxruntime raises several private exception types
                 raise BundleError(f"{path}: ONNX Runtime cannot load this graph: {e}") from e
+        self._sessions = sessions
         self.encoder, self.decoder = sessions["encoder"], sessions["decoder"]
         self.cache_graph = sessions.get("cache")
         # In-flight storage on the device (bundles exported since): general changes, plain steps.
