@@ -451,10 +451,7 @@ class Scheduler:
         elapsed = time.monotonic() - start
         translated = sum(o is not None for o in outputs)
         if translated:
-            rate = translated / max(elapsed, 1e-6)
-            self._segments_per_s = (
-                rate if self._segments_per_s == 0 else 0.8 * self._segments_per_s + 0.2 * rate
-            )
+            self._note_rate(translated / max(elapsed, 1e-6))
         if self.metrics is not None:
             m = self.metrics
             m.batch_segments.observe(len(batch))
@@ -580,9 +577,9 @@ class Scheduler:
         self._finish_items(finished, now)
         return True
 
-    def _admission(self) -> tuple[list[_Segment], list[_Segment]]:
-        """Pick queued segments to admit now, and running ones to preempt (lock held). Removes the
-        admitted segments from the queue and queues the preempted ones again."""
+    def _admission(self) -> tuple[list[tuple[_Segment, tuple[int, int, int]]], list[_Segment]]:
+        """Pick queued segments to admit now (with their sizes), and running ones to preempt (lock
+        held). Removes the admitted segments from the queue and queues the preempted ones again."""
         if not self._queue:
             self._head_seq = -1
             return [], []
@@ -610,18 +607,18 @@ class Scheduler:
                     self._queue = sorted(self._queue + preempt, key=lambda x: x.seq)
                     self._queue_tokens += sum(x.tokens for x in preempt)
                     load = self._load()
-        admit: list[_Segment] = []
+        admit: list[tuple[_Segment, tuple[int, int, int]]] = []
         for seg in self._queue:
             size = self._size(seg)
             if load[0] == 0 or self._fits(size, load):
-                admit.append(seg)
+                admit.append((seg, size))
                 load = _add(size, load)
             elif starving or not self._fits(_SMALLEST, load):
                 break  # no skipping ahead of a starving head; or nothing further can fit
         if admit:
-            chosen = set(map(id, admit))
+            chosen = {id(seg) for seg, _ in admit}
             self._queue = [x for x in self._queue if id(x) not in chosen]
-            self._queue_tokens -= sum(x.tokens for x in admit)
+            self._queue_tokens -= sum(seg.tokens for seg, _ in admit)
         return admit, preempt
 
     def _size(self, seg: _Segment) -> tuple[int, int, int]:
@@ -644,21 +641,21 @@ class Scheduler:
         self._running_rows -= rows
         return seg
 
-    def _admit(self, admit: list[_Segment], now: float) -> list[_Segment]:
-        """Encode and merge `admit` into the running batch; returns those now running."""
+    def _admit(self, sized: list[tuple[_Segment, tuple[int, int, int]]], now: float) -> list[_Segment]:
+        """Encode and merge the segments (with their sizes from _admission) into the running batch;
+        returns those now running."""
         from server.engine import BatchItem
 
-        for seg in admit:
+        admit = [seg for seg, _ in sized]
+        for seg, (_, cost, rows) in sized:
             if seg.job.first_dispatch_at is None:
                 seg.job.first_dispatch_at = now
             if self.metrics is not None:
                 self.metrics.queue_wait.observe(now - seg.enqueued_at)
-        rb = self._rb
-        for seg in admit:
-            _, cost, rows = self._size(seg)
             self._running[seg.seq] = (seg, cost, rows)
             self._running_cost += cost
             self._running_rows += rows
+        rb = self._rb
         if self.metrics is not None:
             self.metrics.batch_segments.observe(len(admit))
             self.metrics.batch_tokens.observe(sum(s.tokens for s in admit))
@@ -683,12 +680,13 @@ class Scheduler:
         start, count = self._window
         count += n
         if now - start >= 1.0:
-            rate = count / (now - start)
-            self._segments_per_s = (
-                rate if self._segments_per_s == 0 else 0.8 * self._segments_per_s + 0.2 * rate
-            )
+            self._note_rate(count / (now - start))
             start, count = now, 0
         self._window = (start, count)
+
+    def _note_rate(self, rate: float) -> None:
+        """Fold a measured engine throughput (segments/s) into the EMA behind retry hints."""
+        self._segments_per_s = rate if self._segments_per_s == 0 else 0.8 * self._segments_per_s + 0.2 * rate
 
     def _engine_failed(self, e: Exception) -> None:
         """The engine raised mid-batch: fail every running segment and start a fresh batch."""
