@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from server.scheduler import MODES as BATCHING_MODES
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BUNDLES_DIR = REPO_ROOT / "bundles"
 DEFAULT_MODEL_NAME = "en-es-small"
@@ -65,8 +67,8 @@ class ServerConfig:
         errors = []
         if self.variant not in ("fp32", "int8"):
             errors.append(f"variant must be fp32 or int8, got {self.variant!r}")
-        if self.batching_mode not in ("inflight", "request", "off"):
-            errors.append(f"batching_mode must be inflight, request or off, got {self.batching_mode!r}")
+        if self.batching_mode not in BATCHING_MODES:
+            errors.append(f"batching_mode must be {', '.join(BATCHING_MODES)}, got {self.batching_mode!r}")
         if self.max_admit_wait_steps < 0:
             errors.append(f"max_admit_wait_steps must be >= 0, got {self.max_admit_wait_steps}")
         if bool(self.tls_cert) != bool(self.tls_key):
