@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +20,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
+from client.bench_batching import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_CHECKPOINT = REPO_ROOT / "models" / "en-es-small"
@@ -40,12 +41,6 @@ def copy_without_kv_rows(bundle: Path, dst: Path) -> Path:
             manifest["files"].pop(variant.pop(graph))
     (dst / "manifest.json").write_text(json.dumps(manifest))
     return dst
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_export(checkpoint: Path, out: Path, *extra: str) -> Path:
