@@ -1310,6 +1310,18 @@ class DecodeBatch:
 # -------------------------------------------------------------------------------------------- engine
 
 
+def split_whitespace(text: str) -> tuple[str, str, str]:
+    """(leading whitespace, stripped text, trailing whitespace): only the middle is translated."""
+    core = text.strip()
+    start, end = len(text) - len(text.lstrip()), len(text.rstrip())
+    return text[:start], core, text[end:]
+
+
+def blank_result(text: str) -> list[Hypothesis]:
+    """A blank text comes back unchanged, score 0."""
+    return [Hypothesis(text=text, score=0.0, tokens=[])]
+
+
 class Engine:
     """Translation engine over an export bundle (see docs/engine-contract.md)."""
 
@@ -1441,6 +1453,15 @@ class Engine:
         if not math.isfinite(options.length_penalty) or options.length_penalty < 0:
             raise ValueError(f"length_penalty must be a finite number >= 0, got {options.length_penalty}")
 
+    def too_long(self, n_tokens: int, segment: str = "segment") -> InputTooLongError | None:
+        """The error for a segment of n_tokens source tokens, or None when it is within the limit."""
+        if n_tokens <= self.max_source_tokens:
+            return None
+        return InputTooLongError(
+            f"{segment} has {n_tokens} source tokens, over the limit of {self.max_source_tokens} "
+            "(max_source_tokens); split long text into sentences or paragraphs before translating"
+        )
+
     def translate(
         self,
         texts: list[str],
@@ -1461,21 +1482,16 @@ class Engine:
         segments: list[tuple[int, str, str]] = []  # (index, prefix, suffix)
         cores: list[str] = []
         for i, text in enumerate(texts):
-            core = text.strip()
+            prefix, core, suffix = split_whitespace(text)
             if not core:
-                results[i] = [Hypothesis(text=text, score=0.0, tokens=[])]
+                results[i] = blank_result(text)
                 continue
-            start = len(text) - len(text.lstrip())
-            end = len(text.rstrip())
-            segments.append((i, text[:start], text[end:]))
+            segments.append((i, prefix, suffix))
             cores.append(core)
         sources = self._encode(cores)
         for (i, _, _), ids in zip(segments, sources, strict=True):
-            if len(ids) > self.max_source_tokens:
-                raise InputTooLongError(
-                    f"segment {i} has {len(ids)} source tokens, over the limit of {self.max_source_tokens} "
-                    "(max_source_tokens); split long text into sentences or paragraphs before translating"
-                )
+            if error := self.too_long(len(ids), f"segment {i}"):
+                raise error
         t_tok = time.perf_counter()
         seg_index = np.array([i for i, _, _ in segments], dtype=np.int64)
         cancel_fn = None
@@ -1592,28 +1608,19 @@ class RunningBatch:
             except ValueError as err:
                 done.append(Finished(it.key, error=err))
                 continue
-            core = it.text.strip()
+            prefix, core, suffix = split_whitespace(it.text)
             if not core:
-                done.append(Finished(it.key, [Hypothesis(text=it.text, score=0.0, tokens=[])]))
+                done.append(Finished(it.key, blank_result(it.text)))
                 continue
             todo.append((it, core))
+            self._affixes[it.key] = (prefix, suffix)
         sources = e._encode([core for _, core in todo])
         admit: list[_Item] = []
         for (it, _), ids in zip(todo, sources, strict=True):
-            if len(ids) > e.max_source_tokens:
-                done.append(
-                    Finished(
-                        it.key,
-                        error=InputTooLongError(
-                            f"segment has {len(ids)} source tokens, over the limit of {e.max_source_tokens} "
-                            "(max_source_tokens)"
-                        ),
-                    )
-                )
+            if error := e.too_long(len(ids)):
+                self._affixes.pop(it.key)
+                done.append(Finished(it.key, error=error))
                 continue
-            text = it.text
-            start, end = len(text) - len(text.lstrip()), len(text.rstrip())
-            self._affixes[it.key] = (text[:start], text[end:])
             o = it.options
             admit.append(
                 _Item(
