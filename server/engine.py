@@ -590,13 +590,12 @@ class Generator:
         # kernel for one query row per sentence, so the cross-attention numbers would differ in the
         # last bits from an in-flight batch, where a sentence's step 0 runs next to other sentences'
         # K rows. Greedy keeps its one row: the in-flight batch runs greedy sentences apart.)
-        kc = K
-        scores = np.full((n_act, kc), -np.inf, dtype=np.float32)
+        scores = np.full((n_act, K), -np.inf, dtype=np.float32)
         scores[:, 0] = 0.0
-        tokens = np.full((n_act * kc, 1), self.bos_id, dtype=np.int64)
-        hist = np.zeros((n_act, kc, max_len), dtype=np.int64)  # tokens of each beam so far
+        tokens = np.full((n_act * K, 1), self.bos_id, dtype=np.int64)
+        hist = np.zeros((n_act, K, max_len), dtype=np.int64)  # tokens of each beam so far
         n_fin = np.zeros(n_act, dtype=np.int64)
-        past = cache.empty_past(n_act * kc)
+        past = cache.empty_past(n_act * K)
         positions = np.arange(max_len, dtype=np.int64)
 
         for t in range(max_len):
@@ -604,7 +603,7 @@ class Generator:
                 keep_pos = self._cancel_mask(active, cancelled, dropped)
                 if keep_pos is not None:
                     t0 = time.perf_counter()
-                    rows = (keep_pos[:, None] * kc + np.arange(kc)).reshape(-1)
+                    rows = (keep_pos[:, None] * K + np.arange(K)).reshape(-1)
                     past = cache.take(past, rows)
                     active, lim, scores, hist, n_fin = (
                         active[keep_pos],
@@ -613,14 +612,14 @@ class Generator:
                         hist[keep_pos],
                         n_fin[keep_pos],
                     )
-                    tokens = tokens.reshape(-1, kc)[keep_pos].reshape(-1, 1)
+                    tokens = tokens.reshape(-1, K)[keep_pos].reshape(-1, 1)
                     bias, cross = self._compact_source(bias, cross, keep_pos, src_lens[active])
                     stats["reorder_s"] += time.perf_counter() - t0
                     if active.size == 0:
                         break
             n_act = active.size
             greedy = K == 1 and self.greedy_fast_path
-            n_cand = 1 if greedy else min(2 * K, kc * V)
+            n_cand = 1 if greedy else min(2 * K, K * V)
             feed = {
                 "input_ids": tokens,
                 "position": positions[t : t + 1],
@@ -633,8 +632,8 @@ class Generator:
             t1 = time.perf_counter()
             stats["decoder_s"] += t1 - t0
             stats["steps"] += 1
-            stats["row_steps"] += n_act * kc
-            stats["max_rows"] = max(stats["max_rows"], n_act * kc)
+            stats["row_steps"] += n_act * K
+            stats["max_rows"] = max(stats["max_rows"], n_act * K)
             length = t + 1
             lp = gnmt_length_penalty(length, length_penalty)
             at_limit = lim <= length
@@ -666,8 +665,8 @@ class Generator:
             keep_pos = np.flatnonzero(keep)
             compact = keep_pos.size < n_act
             # Rows of the next cache: sentence-major, K per sentence, taken from their beam origins.
-            rows = ((keep_pos * kc)[:, None] + new_beam[keep_pos]).reshape(-1)
-            if not (compact or kc != K) and np.array_equal(rows, np.arange(rows.size)):
+            rows = ((keep_pos * K)[:, None] + new_beam[keep_pos]).reshape(-1)
+            if not compact and np.array_equal(rows, np.arange(rows.size)):
                 rows = None  # same rows in the same order: append in place
             past = cache.advance(past, new_kv, rows, t)
             if compact:
@@ -680,7 +679,6 @@ class Generator:
             hist[:, :, t] = new_tok
             scores = np.ascontiguousarray(new_score, dtype=np.float32)
             tokens = new_tok.reshape(-1, 1)
-            kc = K
             stats["reorder_s"] += time.perf_counter() - t2
 
         cache.release()
