@@ -806,12 +806,7 @@ class _HostRows(_Rows):
             # sentence's place), so one span group never reads what another writes.
             changed = np.flatnonzero((src != np.arange(m)) & (src >= 0))
             if changed.size:
-                spans = -(-filled[changed] // step) * step
-                for span in np.unique(spans).tolist():
-                    d = changed[spans == span]
-                    s = src[d]
-                    for p in self.kv:
-                        p[d, :, :span] = p[s, :, :span]
+                self._copy_rows(self.kv, changed, src[changed], -(-filled[changed] // step) * step)
         if new_kv is not None:
             ar = np.arange(m)
             for p, x in zip(self.kv, new_kv, strict=True):
@@ -827,14 +822,22 @@ class _HostRows(_Rows):
             step = _NumpyCache.CAPACITY_STEP
             spans = np.minimum(-(-filled // step) * step, min(self.kv[0].shape[2], t_cap))
             spans[src < 0] = 0
-            for span in np.unique(spans).tolist():
-                if span == 0:
-                    continue
-                sel = np.flatnonzero(spans == span)
-                s = src[sel]
-                for p, d in zip(self.kv, dest, strict=True):
-                    d[sel, :, :span] = p[s, :, :span]
+            self._copy_rows(dest, np.arange(src.size), src, spans)
         self.kv = dest
+
+    def _copy_rows(
+        self, dest: list[np.ndarray], rows: np.ndarray, src: np.ndarray, spans: np.ndarray
+    ) -> None:
+        """dest[rows[i], :, :spans[i]] = kv[src[i], :, :spans[i]] for every i (dest may be the cache
+        itself: each group's right side is gathered before it is written), grouped by span; a span of
+        0 copies nothing."""
+        for span in np.unique(spans).tolist():
+            if span == 0:
+                continue
+            sel = spans == span
+            d, s = rows[sel], src[sel]
+            for p, x in zip(self.kv, dest, strict=True):
+                x[d, :, :span] = p[s, :, :span]
 
     # ------------------------------------------------------------------- per-sentence source tensors
 
