@@ -19,8 +19,12 @@ other CPUs), and drives them one after the other (only one is busy at a time) wi
   --search-steps bisection runs refine the highest open-loop rate the mode sustains within it (>= 95%
   of the offered requests answered, none refused, p95 <= objective).
 
-Writes the JSON report (runs, and a summary with ratios against request-level) to --out and a PNG plot
-(p95 latency vs throughput per mode and beam size, matplotlib) next to it (or to --plot).
+Every load point is measured --repeats times, the modes taking turns (the bisections too), so slow
+drifts of the machine's speed hit all modes alike; the report's runs are the medians of those
+repetitions, with the lowest and highest throughput and p95 (every measurement is kept under
+"repetitions"). Writes the JSON report (runs, and a summary with ratios against request-level) to --out
+and a PNG plot (p95 latency vs throughput per mode and beam size, whiskers = the spread, matplotlib)
+next to it (or to --plot).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import os
 import random
 import re
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -147,6 +152,37 @@ async def measure(server: Server, pick, *, warmup: float, duration: float, **kw)
     return res
 
 
+def merge(reps: list[dict]) -> dict:
+    """One load point measured several times (modes taking turns between them): the median of each
+    throughput and latency figure (and of each class's), the lowest and highest throughput and p95
+    (the spread), and errors, answered sentences and time summed."""
+    out: dict = {"repeats": len(reps), "elapsed_s": sum(r["elapsed_s"] for r in reps)}
+    out["sentences"] = sum(r["sentences"] for r in reps)
+    out["n"] = sum(r.get("n", 0) for r in reps)
+    errors: dict[str, int] = {}
+    for r in reps:
+        for code, k in r["errors"].items():
+            errors[code] = errors.get(code, 0) + k
+    out["errors"] = errors
+    for key in ("sentences_per_s", "generated_tokens_per_s", "p50_ms", "p95_ms", "p99_ms", "mean_ms"):
+        values = [r[key] for r in reps if r.get(key) is not None]
+        if values:
+            out[key] = statistics.median(values)
+            if key in ("sentences_per_s", "p95_ms"):
+                out[key + "_min"], out[key + "_max"] = min(values), max(values)
+    classes = sorted({c for r in reps for c in r.get("by_class", {})})
+    if classes:
+        out["by_class"] = {}
+        for c in classes:
+            mine = [r["by_class"][c] for r in reps if r.get("by_class", {}).get(c, {}).get("n")]
+            out["by_class"][c] = {"n": sum(x["n"] for x in mine)} | {
+                key: statistics.median(x[key] for x in mine)
+                for key in ("p50_ms", "p95_ms", "p99_ms", "mean_ms")
+                if mine
+            }
+    return out
+
+
 def sustained(run: dict, slo_ms: float) -> bool:
     """An open-loop run the mode kept up with: nearly all offered requests answered, none refused,
     p95 within the latency objective."""
@@ -224,6 +260,21 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def spread(ax, runs: list[dict], color: str | None) -> None:
+    """Whiskers from the lowest to the highest throughput and p95 of each point's repetitions."""
+    runs = [r for r in runs if "sentences_per_s_min" in r and "p95_ms_min" in r]
+    if not runs:
+        return
+    x = [r["sentences_per_s"] for r in runs]
+    y = [r["p95_ms"] for r in runs]
+    xerr = [
+        [r["sentences_per_s"] - r["sentences_per_s_min"] for r in runs],
+        [r["sentences_per_s_max"] - r["sentences_per_s"] for r in runs],
+    ]
+    yerr = [[r["p95_ms"] - r["p95_ms_min"] for r in runs], [r["p95_ms_max"] - r["p95_ms"] for r in runs]]
+    ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="none", ecolor=color, alpha=0.35, lw=0.8)
+
+
 def plot(report: dict, path: Path) -> None:
     import matplotlib
 
@@ -240,6 +291,7 @@ def plot(report: dict, path: Path) -> None:
             xs = [r["sentences_per_s"] for r in closed if r.get("n")]
             ys = [r["p95_ms"] for r in closed if r.get("n")]
             ax.plot(xs, ys, "o-", color=colors.get(mode), label=f"{mode} closed loop (p95)")
+            spread(ax, [r for r in closed if r.get("n")], colors.get(mode))
             for r in closed:
                 if r.get("n"):
                     ax.annotate(f"c{r['concurrency']}", (r["sentences_per_s"], r["p95_ms"]), fontsize=7)
@@ -255,6 +307,7 @@ def plot(report: dict, path: Path) -> None:
                 alpha=0.7,
                 label=f"{mode} open loop (p95)",
             )
+            spread(ax, opened, colors.get(mode))
         objective = report.get("summary", {}).get(f"beam{beam}", {}).get("p95_objective_ms")
         if objective:
             ax.axhline(objective, color="black", lw=0.8, ls=":", label="p95 objective")
@@ -295,6 +348,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--duration", type=float, default=8.0, help="seconds per measurement")
     p.add_argument("--warmup", type=float, default=1.0)
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="measurements per mode and load point, modes taking turns; the report gives their medians",
+    )
     p.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads per server")
     p.add_argument("--mixed-concurrency", type=int, default=16)
     p.add_argument("--short-words", type=int, default=8)
@@ -338,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
             "concurrency": levels,
             "rate_factors": factors,
             "duration_s": args.duration,
+            "repeats": args.repeats,
             "threads": args.threads,
             "model_dir": args.model_dir,
             "sentences": len(sentences),
@@ -346,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_affinity": sorted(os.sched_getaffinity(0)),
             "title": args.title or f"batching modes, {args.model_dir}",
         },
-        "runs": [],
+        "runs": [],  # one per mode and load point: the medians over its repetitions (merge)
+        "repetitions": [],  # every measurement
     }
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="bench-batching-"))
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -365,34 +426,45 @@ def main(argv: list[str] | None = None) -> int:
             with TranslatorClient(s.target, timeout=30) as c:
                 c.wait_until_serving(300)
 
-        def point(mode: str, beam: int, kind: str, pick, *, warmup: float = 0.0, **load) -> dict:
-            """Measure one load point on `mode`'s server and record it. load: concurrency= (closed
-            loop) or rate= (open loop), plus tags (rate_factor=)."""
-            drive_load = {k: v for k, v in load.items() if k in ("concurrency", "rate")}
-            res = asyncio.run(
-                measure(
-                    servers[mode],
-                    pick,
-                    warmup=warmup,
-                    duration=args.duration,
-                    options={"beam_size": beam},
-                    **drive_load,
-                )
-            )
-            res = {"mode": mode, "beam": beam, "kind": kind, **load} | res
-            report["runs"].append(res)
-            print(json.dumps(res), flush=True)
+        def points(beam: int, kind: str, pick, loads: dict[str, dict], *, warmup: float = 0.0) -> dict:
+            """Measure one load point per mode --repeats times, the modes taking turns (so slow drifts
+            of the machine's speed hit them alike), and record each mode's merged result. loads: mode ->
+            concurrency= (closed loop) or rate= (open loop), plus tags (rate_factor=)."""
+            reps: dict[str, list[dict]] = {mode: [] for mode in loads}
+            for rep in range(args.repeats):
+                for mode, load in loads.items():
+                    drive_load = {k: v for k, v in load.items() if k in ("concurrency", "rate")}
+                    res = asyncio.run(
+                        measure(
+                            servers[mode],
+                            pick,
+                            warmup=warmup,
+                            duration=args.duration,
+                            options={"beam_size": beam},
+                            **drive_load,
+                        )
+                    )
+                    res = {"mode": mode, "beam": beam, "kind": kind, "rep": rep, **load} | res
+                    report["repetitions"].append(res)
+                    reps[mode].append(res)
+                    print(json.dumps(res), flush=True)
+            merged = {}
+            for mode, load in loads.items():
+                merged[mode] = {"mode": mode, "beam": beam, "kind": kind, **load} | merge(reps[mode])
+                report["runs"].append(merged[mode])
             args.out.write_text(json.dumps(report, indent=2))
-            return res
+            return merged
 
         for beam in beams:
-            # Modes take turns at each point (not one mode after the other): slow drifts of the
-            # machine's speed then hit all modes alike.
             for c in levels:
-                for mode in modes:
-                    point(mode, beam, "closed", pick_any, warmup=args.warmup, concurrency=c)
-            for mode in modes:
-                point(mode, beam, "mixed", pick_mixed, warmup=args.warmup, concurrency=args.mixed_concurrency)
+                points(beam, "closed", pick_any, {m: {"concurrency": c} for m in modes}, warmup=args.warmup)
+            points(
+                beam,
+                "mixed",
+                pick_mixed,
+                {m: {"concurrency": args.mixed_concurrency} for m in modes},
+                warmup=args.warmup,
+            )
             base = [
                 r["sentences_per_s"]
                 for r in report["runs"]
@@ -402,11 +474,12 @@ def main(argv: list[str] | None = None) -> int:
             for f in factors:
                 if saturation <= 0:
                     break
-                for mode in modes:
-                    point(mode, beam, "open", pick_any, rate=saturation * f, rate_factor=f)
+                points(beam, "open", pick_any, {m: {"rate": saturation * f, "rate_factor": f} for m in modes})
             # Refine, per batching mode, the highest rate it sustains within the latency objective
-            # (request-level's p95 at saturation) between the sweep's last good and first bad rate.
+            # (request-level's p95 at saturation) between the sweep's last good and first bad rate;
+            # the modes' bisections step together, taking turns like every other point.
             slo = summarize(report["runs"], [beam], modes)[f"beam{beam}"]["p95_objective_ms"]
+            bounds: dict[str, tuple[float, float]] = {}
             for mode in modes:
                 if not slo or mode == "off":
                     continue
@@ -418,10 +491,13 @@ def main(argv: list[str] | None = None) -> int:
                 good = [r["rate"] for r in mine if sustained(r, slo)]
                 lo = max(good, default=0.0)
                 hi = min((r["rate"] for r in mine if r["rate"] > lo), default=2 * lo or saturation)
-                for _ in range(args.search_steps):
-                    rate = (lo + hi) / 2
-                    res = point(mode, beam, "search", pick_any, rate=rate, rate_factor=rate / saturation)
-                    lo, hi = (rate, hi) if sustained(res, slo) else (lo, rate)
+                bounds[mode] = (lo, hi)
+            for _ in range(args.search_steps if bounds else 0):
+                rates = {mode: (lo + hi) / 2 for mode, (lo, hi) in bounds.items()}
+                loads = {mode: {"rate": r, "rate_factor": r / saturation} for mode, r in rates.items()}
+                for mode, res in points(beam, "search", pick_any, loads).items():
+                    lo, hi = bounds[mode]
+                    bounds[mode] = (rates[mode], hi) if sustained(res, slo) else (lo, rates[mode])
     finally:
         for s in servers.values():
             s.stop()

@@ -204,6 +204,31 @@ def _run(mode: str, kind: str, sent_s: float, p95: float, **extra) -> dict:
     return {"mode": mode, "beam": 1, "kind": kind, "sentences_per_s": sent_s, "p95_ms": p95, "n": 100} | extra
 
 
+def test_bench_batching_merges_repetitions_into_medians():
+    from client.bench_batching import merge, sustained
+
+    def rep(sent_s, p95, errors=None, short_p95=None):
+        r = {"elapsed_s": 10.0, "sentences": int(sent_s * 10), "n": int(sent_s * 10), "errors": errors or {}}
+        r |= {"sentences_per_s": sent_s, "p50_ms": p95 / 2, "p95_ms": p95, "p99_ms": p95, "mean_ms": p95 / 2}
+        if short_p95 is not None:
+            r["by_class"] = {
+                "short": {"n": 5, "p50_ms": 1.0, "p95_ms": short_p95, "p99_ms": 1.0, "mean_ms": 1.0}
+            }
+        return r
+
+    m = merge([rep(90.0, 300.0, short_p95=50.0), rep(120.0, 900.0, short_p95=70.0), rep(100.0, 400.0)])
+    assert m["repeats"] == 3 and m["sentences_per_s"] == 100.0 and m["p95_ms"] == 400.0  # medians
+    assert (m["sentences_per_s_min"], m["sentences_per_s_max"]) == (90.0, 120.0)
+    assert (m["p95_ms_min"], m["p95_ms_max"]) == (300.0, 900.0)
+    assert m["sentences"] == 3100 and m["elapsed_s"] == 30.0 and m["errors"] == {}
+    assert m["by_class"]["short"] == {"n": 10, "p50_ms": 1.0, "p95_ms": 60.0, "p99_ms": 1.0, "mean_ms": 1.0}
+    # Sustained at 100/s offered: 3100 of 3000 answered, median p95 400 within 500 (one rep was not).
+    assert sustained({"rate": 100.0} | m, 500.0)
+    assert not sustained({"rate": 110.0} | m, 500.0)  # 3100 of 3300 offered: under 95%
+    refused = merge([rep(100.0, 300.0), rep(100.0, 300.0, errors={"RESOURCE_EXHAUSTED": 2})])
+    assert refused["errors"] == {"RESOURCE_EXHAUSTED": 2} and not sustained({"rate": 100.0} | refused, 500.0)
+
+
 def test_bench_batching_summary_objective_and_sustained_rates(tmp_path):
     from client.bench_batching import markdown, plot, summarize
 
@@ -217,7 +242,9 @@ def test_bench_batching_summary_objective_and_sustained_rates(tmp_path):
         _run("inflight", "closed", 130.0, 650.0, concurrency=16),
         opened("request", 80.0, 80.0, 200.0),
         opened("request", 100.0, 97.0, 900.0),  # over the objective
-        opened("inflight", 100.0, 100.0, 150.0),
+        opened("inflight", 100.0, 100.0, 150.0)
+        | {"sentences_per_s_min": 95.0, "sentences_per_s_max": 101.0}
+        | {"p95_ms_min": 120.0, "p95_ms_max": 210.0},  # with the spread of its repetitions
         opened("inflight", 120.0, 119.0, 450.0, kind="search"),
         opened("inflight", 140.0, 120.0, 400.0),  # fell behind: 86% of the offered rate
         opened("inflight", 130.0, 129.0, 300.0, errors={"RESOURCE_EXHAUSTED": 1}),  # refused some
