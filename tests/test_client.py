@@ -257,6 +257,14 @@ def test_bench_batching_summary_objective_and_sustained_rates(tmp_path):
     assert s["inflight"]["sustained_vs_request_within_objective"] == pytest.approx(119.0 / 80.0)
     assert s["inflight"]["closed_max_vs_request"] == pytest.approx(1.3)
     assert s["inflight"]["mixed_short_p95_ms"] == 90.0 and s["request"]["mixed_short_p95_ms"] is None
+    assert s["objective_at_concurrency"] == 16
+    # A deeper level on the plateau (within 5% of the best) is where request-level batching is
+    # saturated: its p95 becomes the objective, whichever level happened to measure fastest.
+    plateau = [*runs, _run("request", "closed", 96.0, 900.0, concurrency=48)]
+    deeper = summarize(plateau, [1], ["request", "inflight"])["beam1"]
+    assert deeper["p95_objective_ms"] == 900.0 and deeper["objective_at_concurrency"] == 48
+    assert deeper["request"]["sustained_sentences_per_s_within_objective"] == 97.0  # p95 900: now within
+    assert deeper["inflight"]["sustained_sentences_per_s_within_objective"] == 119.0
     table = markdown({"beam1": s})
     assert "| 1 (objective 500 ms) | inflight | 130.0 (16) | 650 | 119.0 | 1.49 | 90 | - |" in table
     report = {"config": {"beams": [1], "modes": ["request", "inflight"], "title": "t"}, "runs": runs}
