@@ -36,16 +36,9 @@ SAMPLE = Path(__file__).resolve().parent / "sample.en"
 
 
 def load_sentences(data_dir: Path | None = None, max_chars: int = 200) -> list[str]:
-    data_dir = data_dir or REPO_ROOT / "data"
-    sentences: list[str] = []
-    if (data_dir / "test.en").is_file() and (data_dir / "test.es").is_file():
-        from model.corpus import read_split
+    from model.corpus import source_sentences
 
-        sentences = [en for en, _ in read_split(data_dir, "test")]
-    if not sentences:
-        sentences = [line for line in SAMPLE.read_text(encoding="utf-8").splitlines() if line.strip()]
-    kept = [s for s in sentences if s.strip() and len(s) <= max_chars]
-    return kept or sentences
+    return source_sentences(data_dir or REPO_ROOT / "data", SAMPLE, max_chars)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from export.step_cost import engine_parser
-from model.corpus import read_split
+from model.corpus import source_sentences
 from server.engine import BatchItem, DecodingOptions, Engine
 
 MODES = ("request-arrival", "request-sorted", "inflight")
@@ -38,11 +38,7 @@ SAMPLE = Path(__file__).resolve().parents[1] / "client" / "sample.en"
 
 def load_texts(data: Path, n: int, seed: int) -> list[str]:
     """n sentences of the corpus' test split (data/test.en), else of client/sample.en, in random order."""
-    if (data / "test.en").is_file() and (data / "test.es").is_file():
-        pool = [en for en, _ in read_split(data, "test")]
-    else:
-        pool = SAMPLE.read_text(encoding="utf-8").splitlines()
-    pool = [t.strip() for t in pool if t.strip() and len(t) <= 200]
+    pool = [t.strip() for t in source_sentences(data, SAMPLE)]
     rng = random.Random(seed)
     return [pool[i] for i in rng.sample(range(len(pool)), min(n, len(pool)))]
 

@@ -506,6 +506,18 @@ def read_split(data_dir: Path, split: str) -> list[tuple[str, str]]:
     return [(unescape_line(a), unescape_line(b)) for a, b in zip(en, es, strict=True)]
 
 
+def source_sentences(data_dir: Path, fallback: Path, max_chars: int = 200) -> list[str]:
+    """English sentences for load tests and benchmarks: the test split of data_dir when it exists, else
+    the lines of `fallback`; blank ones and those over max_chars dropped (unless that drops all)."""
+    sentences: list[str] = []
+    if (data_dir / "test.en").is_file() and (data_dir / "test.es").is_file():
+        sentences = [en for en, _ in read_split(data_dir, "test")]
+    if not sentences:
+        sentences = [line for line in fallback.read_text(encoding="utf-8").splitlines() if line.strip()]
+    kept = [s for s in sentences if s.strip() and len(s) <= max_chars]
+    return kept or sentences
+
+
 def build(out: Path, package_list: Path, top: int, cache_dir: Path, workers: int = 2) -> dict:
     started = time.time()
     packages = read_package_list(package_list, top)
