@@ -301,14 +301,15 @@ def plot(report: dict, path: Path) -> None:
     for ax, beam in zip(axes[0], beams, strict=True):
         for mode in report["config"]["modes"]:
             runs = [r for r in report["runs"] if r["mode"] == mode and r["beam"] == beam]
-            closed = sorted((r for r in runs if r["kind"] == "closed"), key=lambda r: r["concurrency"])
-            xs = [r["sentences_per_s"] for r in closed if r.get("n")]
-            ys = [r["p95_ms"] for r in closed if r.get("n")]
+            closed = sorted(
+                (r for r in runs if r["kind"] == "closed" and r.get("n")), key=lambda r: r["concurrency"]
+            )
+            xs = [r["sentences_per_s"] for r in closed]
+            ys = [r["p95_ms"] for r in closed]
             ax.plot(xs, ys, "o-", color=colors.get(mode), label=f"{mode} closed loop (p95)")
-            spread(ax, [r for r in closed if r.get("n")], colors.get(mode))
+            spread(ax, closed, colors.get(mode))
             for r in closed:
-                if r.get("n"):
-                    ax.annotate(f"c{r['concurrency']}", (r["sentences_per_s"], r["p95_ms"]), fontsize=7)
+                ax.annotate(f"c{r['concurrency']}", (r["sentences_per_s"], r["p95_ms"]), fontsize=7)
             opened = sorted(
                 (r for r in runs if r["kind"] in ("open", "search") and r.get("n")), key=lambda r: r["rate"]
             )
