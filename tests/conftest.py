@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from client.bench_batching import free_port
+from server.bundle import OPTIONAL_GRAPHS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_CHECKPOINT = REPO_ROOT / "models" / "en-es-small"
@@ -37,7 +38,7 @@ def copy_without_kv_rows(bundle: Path, dst: Path) -> Path:
     shutil.copytree(bundle, dst)
     manifest = json.loads((dst / "manifest.json").read_text())
     for variant in manifest["variants"].values():
-        for graph in ("kv_rows", "kv_step"):
+        for graph in OPTIONAL_GRAPHS:
             manifest["files"].pop(variant.pop(graph))
     (dst / "manifest.json").write_text(json.dumps(manifest))
     return dst
