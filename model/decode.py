@@ -111,7 +111,9 @@ def beam_search(
         after the step that produces token number max_len, the live beams are finished as they are
         (no EOS, len = max_len).
       * Early stopping: a sentence is done as soon as it has >= K finished hypotheses (checked after
-        each step), or when it has no live beam left, or at max_len.
+        each step), or when it has no live beam left, or at max_len. (The serving engine also stops a
+        sentence once no live beam can beat its n-best any more, server.engine.settled: fewer steps,
+        the same result.)
       * Result: finished hypotheses sorted by score, descending, stable (ties keep the order in which
         they were finished: by step, then by rank); the first n_best are returned (n_best <= K).
     With K = 1 this reduces exactly to greedy_decode. max_len 0 yields a single empty hypothesis, score 0.

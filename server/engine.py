@@ -389,6 +389,34 @@ def beam_endings(
     return out
 
 
+def settled(
+    finished: Sequence[NBest],
+    n_best: Sequence[int],
+    live_best: Sequence[float],
+    next_len: Sequence[int],
+    limit: Sequence[int],
+    alpha: Sequence[float],
+) -> list[bool]:
+    """Per sentence still searching: whether no live beam can change its result any more (the "best
+    finished hypothesis cannot be beaten" stop; it saves steps, the result is unchanged).
+
+    A live beam's log-prob sum s only falls (each step adds a log-prob <= 0, in float32 as the decoder
+    graph adds it), and a hypothesis descending from it finishes with a length L in
+    [next_len, limit], scoring s' / lp(L) <= s / lp(L) <= max(s / lp(next_len), s / lp(limit)) (lp is
+    monotone in L). Once the n_best-th best finished score reaches that bound for the best live beam
+    (live_best), no later hypothesis can enter the n-best: a tie ranks after it (the stable sort keeps
+    the finishing order). So the n-best returned now is the one a longer search returns, bit for bit."""
+    out = []
+    for fin, k, s, n, lim, a in zip(finished, n_best, live_best, next_len, limit, alpha, strict=True):
+        k, s, a = int(k), float(s), float(a)
+        if len(fin) < k:
+            out.append(False)
+            continue
+        bound = max(s / gnmt_length_penalty(int(n), a), s / gnmt_length_penalty(int(lim), a))
+        out.append(sorted((norm for _, norm in fin), reverse=True)[k - 1] >= bound)
+    return out
+
+
 class Generator:
     """Id-level decoding over an encoder/decoder graph pair (no tokenizer; used by Engine and tests)."""
 
@@ -556,7 +584,7 @@ class Generator:
         if limits.shape != (B,):
             raise ValueError(f"max_lengths has {limits.size} entries for {B} sources")
         stats = {"batch": B, "beam_size": K, "steps": 0, "encoder_s": 0.0, "decoder_s": 0.0}
-        stats |= {"select_s": 0.0, "reorder_s": 0.0, "max_rows": 0, "row_steps": 0}
+        stats |= {"select_s": 0.0, "reorder_s": 0.0, "max_rows": 0, "row_steps": 0, "settled": 0}
         t_start = time.perf_counter()
         finished: list[NBest] = [[] for _ in range(B)]
         dropped = np.zeros(B, dtype=bool)  # cancelled
@@ -656,6 +684,18 @@ class Generator:
                 done = at_limit | (n_fin >= K) | (n_live == 0)
             for r, seq, norm in endings:
                 finished[active[r]].append((seq, norm))
+            if not greedy and (search := np.flatnonzero(~done)).size:
+                m = search.size
+                stop = settled(
+                    [finished[b] for b in active[search].tolist()],
+                    [num_hypotheses] * m,
+                    new_score[search].max(axis=1).tolist(),
+                    [length + 1] * m,
+                    lim[search].tolist(),
+                    [length_penalty] * m,
+                )
+                done[search[stop]] = True
+                stats["settled"] += sum(stop)
             t2 = time.perf_counter()
             stats["select_s"] += t2 - t1
 
@@ -1054,6 +1094,7 @@ class DecodeBatch:
         self._clear()  # per-sentence state
         self._hist = np.zeros((0, 1, 0), dtype=np.int64)  # (n_cap, Kc, L) tokens so far per beam
         self.steps = 0
+        self.settled = 0  # sentences retired by the settled() stop
         self.last_step_s = 0.0
 
     # ---------------------------------------------------------------------------------- properties
@@ -1288,6 +1329,17 @@ class DecodeBatch:
             done = at_limit | (self.n_fin >= self.beam) | (n_live == 0)
         for r, seq, norm in endings:
             fin[r].append((seq, norm))
+        if not greedy and (search := np.flatnonzero(~done)).size:
+            stop = settled(
+                [fin[r] for r in search.tolist()],
+                self.n_best[search].tolist(),
+                new_score[search].max(axis=1).tolist(),
+                (self.t[search] + 2).tolist(),
+                self.lim[search].tolist(),
+                self.alpha[search].tolist(),
+            )
+            done[search[stop]] = True
+            self.settled += sum(stop)
         # Stable sort: ties keep the order of finishing (step, then rank), as in the reference.
         out = [
             (self.keys[r], sorted(fin[r], key=lambda h: -h[1])[: int(self.n_best[r])])

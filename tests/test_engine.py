@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from export import onnx_export as ox
 from model.decode import beam_search, gnmt_length_penalty, greedy_decode, max_output_length
+from server import engine as engine_module
 from server.engine import (
     BatchItem,
     BundleError,
@@ -27,6 +28,7 @@ from server.engine import (
     Generator,
     Hypothesis,
     InputTooLongError,
+    settled,
 )
 from tests.conftest import copy_without_kv_rows
 from tests.test_export import (
@@ -172,6 +174,40 @@ def test_per_sentence_limits_and_early_exit(engine: Engine, tiny: TinyBundle):
         assert all(len(t) <= n for t, _ in together[i])
     ref = beam_search(tiny.model, batch(ids), 3, torch.tensor(limits), 0.6, n_best=3)
     for got, want in zip(together, ref, strict=True):
+        assert_same_nbest(got, want)
+
+
+def test_settled_rule_bound_and_ties():
+    fin = [([5], -1.0), ([6, 7], -2.0)]
+    # n_best 2: the 2nd best (-2.0) against the best a live beam at -4.0 can reach by length 9, alpha 1:
+    # -4 / lp(9) = -4 / (14 / 6) = -1.714... > -2.0: it could still enter the n-best.
+    assert settled([fin], [2], [-4.0], [3], [9], [1.0]) == [False]
+    assert settled([fin], [1], [-4.0], [3], [9], [1.0]) == [True]  # -1.0 >= -1.714
+    # alpha 0: lp = 1, the bound is the live score itself; a tie settles (a later equal score ranks after).
+    assert settled([fin], [2], [-2.0], [3], [9], [0.0]) == [True]
+    assert settled([fin], [2], [-1.999], [3], [9], [0.0]) == [False]
+    assert settled([fin[:1]], [2], [-50.0], [3], [9], [1.0]) == [False]  # fewer than n_best finished
+
+
+@pytest.mark.parametrize("k,n_best,alpha", [(4, 1, 0.0), (4, 2, 0.0), (3, 1, 0.6), (5, 2, 0.3)])
+def test_settled_stop_saves_steps_and_changes_no_result(
+    engine: Engine, tiny: TinyBundle, monkeypatch, k: int, n_best: int, alpha: float
+):
+    """Retiring a sentence once no live beam can beat its n-best returns what searching on (the
+    reference's rule: until K hypotheses have finished) returns, bit for bit, in fewer row-steps."""
+    gen = engine.generator
+    ids = tiny.tokenizer.encode_batch(TEXTS)
+    limits = [max_output_length(len(s), cap=MAX_LENGTH_CAP) for s in ids]
+    kwargs = dict(beam_size=k, num_hypotheses=n_best, max_lengths=limits, length_penalty=alpha)
+    early = gen.generate(ids, **kwargs)
+    stats = dict(gen.last_stats)
+    assert stats["settled"] > 0
+    monkeypatch.setattr(engine_module, "settled", lambda fin, *rest: [False] * len(fin))
+    full = gen.generate(ids, **kwargs)
+    assert gen.last_stats["settled"] == 0 and gen.last_stats["row_steps"] > stats["row_steps"]
+    assert early == full
+    ref = beam_search(tiny.model, batch(ids), k, torch.tensor(limits), alpha, n_best=n_best)
+    for got, want in zip(early, ref, strict=True):
         assert_same_nbest(got, want)
 
 
@@ -460,6 +496,7 @@ OPTIONS = [
     DecodingOptions(beam_size=3, num_hypotheses=3, length_penalty=1.0),
     DecodingOptions(beam_size=5, num_hypotheses=2, max_length=7),
     DecodingOptions(beam_size=1, max_length=3),
+    DecodingOptions(beam_size=4, num_hypotheses=2, length_penalty=0.0),  # the settled() stop fires
 ]
 
 
@@ -559,6 +596,28 @@ def test_mixed_beams_join_a_running_long_decode(engine: Engine):
             same(f.hypotheses, engine.translate([wanted[f.key][0]], wanted[f.key][1])[0])
     assert order[-1] == "long" and len(order) == 5
     assert rb.rows == 0
+
+
+@pytest.mark.parametrize("storage", ["host", "device"])
+def test_settled_sentences_leave_the_running_batch(
+    engine: Engine, bound_engine: Engine, solo: dict, storage: str
+):
+    """The settled() stop in flight: sentences joining every other step, some with alpha 0 (where it
+    fires most), each leaves as soon as its n-best is settled, with its solo result."""
+    rb = (engine if storage == "host" else bound_engine).running_batch()
+    alpha0, beam4 = OPTIONS[-1], OPTIONS[2]
+    plan = [(i, t, alpha0 if i % 2 else beam4) for i, t in enumerate(TEXTS + MORE[:2])]
+    pending = list(plan)
+    results = {}
+    while pending or len(rb):
+        if pending:
+            i, text, opts = pending.pop(0)
+            rb.admit([BatchItem(i, text, opts)])
+        for f in rb.step():
+            results[f.key] = f.hypotheses
+    assert rb.beam.settled > 0
+    for i, text, opts in plan:
+        same(results[i], solo[text, opts])
 
 
 def test_admit_refuses_bad_items_and_passes_blank(engine: Engine):
