@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from server.engine import DecodingOptions
@@ -108,11 +108,22 @@ class Job:
         return sum(self.token_counts)
 
 
-_SMALLEST = (1, 1, 1)  # (segments, KV-cache cost, rows): no segment adds less to a running batch
+class _Size(NamedTuple):
+    """What segments add to (or the whole of) a running batch."""
+
+    segments: int
+    cost: int  # KV-cache bound (RunningBatch.cost)
+    rows: int  # decoder rows (beam sizes)
+
+    def __add__(self, other: tuple) -> _Size:  # type: ignore[override]
+        return _Size(*(a + b for a, b in zip(self, other, strict=True)))
+
+    def __sub__(self, other: tuple) -> _Size:
+        return _Size(*(a - b for a, b in zip(self, other, strict=True)))
 
 
-def _add(a: tuple[int, int, int], b: tuple[int, int, int]) -> tuple[int, int, int]:
-    return a[0] + b[0], a[1] + b[1], a[2] + b[2]
+_EMPTY = _Size(0, 0, 0)
+_SMALLEST = _Size(1, 1, 1)  # no segment adds less to a running batch
 
 
 @dataclass(eq=False)
@@ -516,9 +527,8 @@ class Scheduler:
 
     def _inflight_worker(self) -> None:
         self._rb = self.engine.running_batch()
-        self._running: dict[int, tuple[_Segment, int, int]] = {}  # seq -> (segment, cost, rows), in order
-        self._running_cost = 0
-        self._running_rows = 0
+        self._running: dict[int, tuple[_Segment, _Size]] = {}  # seq -> (segment, its size), in order
+        self._load = _EMPTY  # the running segments' sizes, summed
         self._head_seq, self._head_since = -1, 0
         self._window = (time.monotonic(), 0)
         while True:
@@ -542,7 +552,7 @@ class Scheduler:
                 self._cond.wait()
             dead = [
                 k
-                for k, (seg, _, _) in self._running.items()
+                for k, (seg, _) in self._running.items()
                 if seg.job.done or seg.job.cancelled or seg.job.expired(now)
             ]
             dead_segs = [self._pop_running(key) for key in dead]
@@ -577,7 +587,7 @@ class Scheduler:
         self._finish_items(finished, now)
         return True
 
-    def _admission(self) -> tuple[list[tuple[_Segment, tuple[int, int, int]]], list[_Segment]]:
+    def _admission(self) -> tuple[list[tuple[_Segment, _Size]], list[_Segment]]:
         """Pick queued segments to admit now (with their sizes), and running ones to preempt (lock
         held). Removes the admitted segments from the queue and queues the preempted ones again."""
         if not self._queue:
@@ -588,16 +598,15 @@ class Scheduler:
             self._head_seq, self._head_since = head.seq, self.steps
         starving = self.steps - self._head_since >= self.max_admit_wait_steps
         preempt: list[_Segment] = []
-        load = self._load()
-        younger = [r for r in self._running.values() if r[0].seq > head.seq] if starving else []
+        younger = [size for seg, size in self._running.values() if seg.seq > head.seq] if starving else []
         if younger:
             need = self._size(head)
-            without = (load[0] - len(younger), *(load[i] - sum(y[i] for y in younger) for i in (1, 2)))
-            if not self._fits(need, load) and self._fits(need, without):
+            without = self._load - sum(younger, _EMPTY)
+            if not self._fits(need, self._load) and self._fits(need, without):
                 # Preempt the latest-admitted segments that arrived after the head, until it fits (only
                 # when that is enough: otherwise the head waits for older ones, and nobody skips ahead).
                 for key in reversed(list(self._running)):
-                    if self._fits(need, self._load()):
+                    if self._fits(need, self._load):
                         break
                     if self._running[key][0].seq > head.seq:
                         preempt.append(self._pop_running(key))
@@ -606,13 +615,13 @@ class Scheduler:
                     log.info("preempted %d running segments for a starving one", len(preempt))
                     self._queue = sorted(self._queue + preempt, key=lambda x: x.seq)
                     self._queue_tokens += sum(x.tokens for x in preempt)
-                    load = self._load()
-        admit: list[tuple[_Segment, tuple[int, int, int]]] = []
+        load = self._load
+        admit: list[tuple[_Segment, _Size]] = []
         for seg in self._queue:
             size = self._size(seg)
-            if load[0] == 0 or self._fits(size, load):
+            if load.segments == 0 or self._fits(size, load):
                 admit.append((seg, size))
-                load = _add(size, load)
+                load = load + size
             elif starving or not self._fits(_SMALLEST, load):
                 break  # no skipping ahead of a starving head; or nothing further can fit
         if admit:
@@ -621,40 +630,37 @@ class Scheduler:
             self._queue_tokens -= sum(seg.tokens for seg, _ in admit)
         return admit, preempt
 
-    def _size(self, seg: _Segment) -> tuple[int, int, int]:
-        """What a segment adds to the running batch: (segments, KV-cache cost, decoder rows)."""
+    def _size(self, seg: _Segment) -> _Size:
+        """What a segment adds to the running batch."""
         options = seg.job.options
-        return 1, self._rb.cost(seg.tokens, options), max(1, options.beam_size)
+        return _Size(1, self._rb.cost(seg.tokens, options), max(1, options.beam_size))
 
-    def _load(self) -> tuple[int, int, int]:
-        return len(self._running), self._running_cost, self._running_rows
-
-    def _fits(self, size: tuple[int, int, int], load: tuple[int, int, int]) -> bool:
-        n, cost, rows = _add(size, load)
+    def _fits(self, size: _Size, load: _Size) -> bool:
+        total = load + size
         return (
-            n <= self.max_batch_segments and cost <= self.max_running_tokens and rows <= self.max_running_rows
+            total.segments <= self.max_batch_segments
+            and total.cost <= self.max_running_tokens
+            and total.rows <= self.max_running_rows
         )
 
     def _pop_running(self, key: int) -> _Segment:
-        seg, cost, rows = self._running.pop(key)
-        self._running_cost -= cost
-        self._running_rows -= rows
+        seg, size = self._running.pop(key)
+        self._load = self._load - size
         return seg
 
-    def _admit(self, sized: list[tuple[_Segment, tuple[int, int, int]]], now: float) -> list[_Segment]:
+    def _admit(self, sized: list[tuple[_Segment, _Size]], now: float) -> list[_Segment]:
         """Encode and merge the segments (with their sizes from _admission) into the running batch;
         returns those now running."""
         from server.engine import BatchItem
 
         admit = [seg for seg, _ in sized]
-        for seg, (_, cost, rows) in sized:
+        for seg, size in sized:
             if seg.job.first_dispatch_at is None:
                 seg.job.first_dispatch_at = now
             if self.metrics is not None:
                 self.metrics.queue_wait.observe(now - seg.enqueued_at)
-            self._running[seg.seq] = (seg, cost, rows)
-            self._running_cost += cost
-            self._running_rows += rows
+            self._running[seg.seq] = (seg, size)
+            self._load = self._load + size
         rb = self._rb
         if self.metrics is not None:
             self.metrics.batch_segments.observe(len(admit))
@@ -693,9 +699,9 @@ class Scheduler:
         log.exception("engine failed on the running batch (%d segments)", len(self._running))
         if self.metrics is not None:
             self.metrics.engine_errors.inc()
-        segs = [seg for seg, _, _ in self._running.values()]
+        segs = [seg for seg, _ in self._running.values()]
         self._running.clear()
-        self._running_cost = self._running_rows = 0
+        self._load = _EMPTY
         self._count("failed", len(segs))
         for job in dict.fromkeys(seg.job for seg in segs):
             self._finish(job, EngineFailure(f"translation failed: {e}"))

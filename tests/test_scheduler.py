@@ -348,7 +348,7 @@ def test_inflight_rows_cap_bounds_the_running_batch(engine):
     }
     steps = scheduler.steps
     assert steps > 0 and buckets["8.0"] == steps  # no step ran more than 8 rows
-    assert scheduler._running_rows == 0 and scheduler._running_cost == 0
+    assert scheduler._load == (0, 0, 0)
 
 
 def test_inflight_falls_back_without_per_row_positions(engine, monkeypatch):
