@@ -389,6 +389,9 @@ def beam_endings(
     return out
 
 
+LOGPROB_SLACK = 1e-6  # settled(): the most a step's log-prob is assumed to exceed 0 by (rounding)
+
+
 def settled(
     finished: Sequence[NBest],
     n_best: Sequence[int],
@@ -405,13 +408,16 @@ def settled(
     [next_len, limit], scoring s' / lp(L) <= s / lp(L) <= max(s / lp(next_len), s / lp(limit)) (lp is
     monotone in L). Once the n_best-th best finished score reaches that bound for the best live beam
     (live_best), no later hypothesis can enter the n-best: a tie ranks after it (the stable sort keeps
-    the finishing order). So the n-best returned now is the one a longer search returns, bit for bit."""
+    the finishing order). So the n-best returned now is the one a longer search returns, bit for bit.
+    (s is first raised by LOGPROB_SLACK per remaining step: a LogSoftmax kernel with an approximate exp
+    could give the top token a log-prob a hair above 0.)"""
     out = []
     for fin, k, s, n, lim, a in zip(finished, n_best, live_best, next_len, limit, alpha, strict=True):
         k, s, a = int(k), float(s), float(a)
         if len(fin) < k:
             out.append(False)
             continue
+        s += LOGPROB_SLACK * (int(lim) - int(n) + 1)
         bound = max(s / gnmt_length_penalty(int(n), a), s / gnmt_length_penalty(int(lim), a))
         out.append(sorted((norm for _, norm in fin), reverse=True)[k - 1] >= bound)
     return out

@@ -21,6 +21,7 @@ from export import onnx_export as ox
 from model.decode import beam_search, gnmt_length_penalty, greedy_decode, max_output_length
 from server import engine as engine_module
 from server.engine import (
+    LOGPROB_SLACK,
     BatchItem,
     BundleError,
     DecodingOptions,
@@ -183,9 +184,11 @@ def test_settled_rule_bound_and_ties():
     # -4 / lp(9) = -4 / (14 / 6) = -1.714... > -2.0: it could still enter the n-best.
     assert settled([fin], [2], [-4.0], [3], [9], [1.0]) == [False]
     assert settled([fin], [1], [-4.0], [3], [9], [1.0]) == [True]  # -1.0 >= -1.714
-    # alpha 0: lp = 1, the bound is the live score itself; a tie settles (a later equal score ranks after).
-    assert settled([fin], [2], [-2.0], [3], [9], [0.0]) == [True]
-    assert settled([fin], [2], [-1.999], [3], [9], [0.0]) == [False]
+    # alpha 0: lp = 1, the bound is the live score itself (plus the slack of 7 remaining steps); a tie
+    # settles (a later equal score ranks after).
+    slack = 7 * LOGPROB_SLACK
+    assert settled([fin], [2], [-2.0 - slack], [3], [9], [0.0]) == [True]
+    assert settled([fin], [2], [-2.0], [3], [9], [0.0]) == [False]
     assert settled([fin[:1]], [2], [-50.0], [3], [9], [1.0]) == [False]  # fewer than n_best finished
 
 
