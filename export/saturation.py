@@ -13,7 +13,9 @@ Modes, every one translating all the sentences (text to text) with the bundle's 
   rows, in arrival order (on CUDA with K/V on the device when the bundle has the kv_rows graph).
 
 Reported per mode: sentences/s (best of --reps, modes interleaved), decoder steps, row-steps (rows
-summed over steps) and wall ms per row-step. Finished sentences leave the batch in every mode, so all
+summed over steps), wall ms per row-step, and host ms per step: the time outside ONNX Runtime's runs
+(tokenizing, candidate selection, bookkeeping, numpy copies of the cache), which a GPU does not
+shorten. Finished sentences leave the batch in every mode, so all
 modes run the same row-steps; a batching mode can only change the cost of a row-step (padding, the
 fixed cost of a step shared by more or fewer rows) and the work around the steps.
 """
@@ -41,6 +43,40 @@ def load_texts(data: Path, n: int, seed: int) -> list[str]:
     pool = [t.strip() for t in source_sentences(data, SAMPLE)]
     rng = random.Random(seed)
     return [pool[i] for i in rng.sample(range(len(pool)), min(n, len(pool)))]
+
+
+class _TimedSession:
+    """An ONNX Runtime session whose runs add their wall time to clock[0] (the rest passes through)."""
+
+    def __init__(self, session: Any, clock: list[float]) -> None:
+        self._session, self._clock = session, clock
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self._session.run(*args, **kwargs)
+        finally:
+            self._clock[0] += time.perf_counter() - t0
+
+    def run_with_iobinding(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self._session.run_with_iobinding(*args, **kwargs)
+        finally:
+            self._clock[0] += time.perf_counter() - t0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+
+def time_sessions(engine: Engine) -> list[float]:
+    """Time every graph run of the engine's generator from now on: returns the clock ([seconds])."""
+    clock = [0.0]
+    g = engine.generator
+    for name in ("encoder", "decoder", "cache_graph", "kv_rows_graph", "kv_step_graph"):
+        if (session := getattr(g, name, None)) is not None:
+            setattr(g, name, _TimedSession(session, clock))
+    return clock
 
 
 def run_request(engine: Engine, texts: list[str], options: DecodingOptions, batch: int) -> dict[str, Any]:
@@ -81,10 +117,13 @@ def measure(engine: Engine, texts: list[str], beam: int, batch: int, rows: int, 
         "inflight": lambda: run_inflight(engine, texts, options, rows),
     }
     engine.translate(texts[:batch], options)  # warm-up: kernels, arenas
+    clock = time_sessions(engine)
     best: dict[str, dict[str, Any]] = {}
     for rep in range(reps):
         for mode, run in runs.items():
+            before = clock[0]
             r = run()
+            r["ort_seconds"] = clock[0] - before
             r["sentences_per_s"] = len(texts) / r["seconds"]
             print(
                 f"beam {beam} rep {rep + 1}/{reps} {mode:15s} {r['sentences_per_s']:7.1f} sentences/s, "
@@ -97,6 +136,7 @@ def measure(engine: Engine, texts: list[str], beam: int, batch: int, rows: int, 
     for r in best.values():
         r["mean_rows"] = r["row_steps"] / max(1, r["steps"])
         r["ms_per_row_step"] = 1000 * r["seconds"] / max(1, r["row_steps"])
+        r["host_ms_per_step"] = 1000 * (r["seconds"] - r["ort_seconds"]) / max(1, r["steps"])
     return best
 
 
@@ -141,14 +181,14 @@ def main(argv: list[str] | None = None) -> int:
         report["beams"][str(beam)] = measure(engine, texts, beam, args.batch, args.rows, args.reps)
     where = f"{engine.providers[0]}, {args.threads} thread(s), in-flight K/V on the {storage}"
     print(f"\n{len(texts)} sentences, {where}\n")
-    print("| beam | mode | sentences/s | steps | row-steps | mean rows | ms per row-step |")
-    print("|---:|---|---:|---:|---:|---:|---:|")
+    print("| beam | mode | sentences/s | steps | row-steps | mean rows | ms per row-step | host ms / step |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for beam, modes in report["beams"].items():
         for mode in MODES:
             r = modes[mode]
             print(
                 f"| {beam} | {mode} | {r['sentences_per_s']:.1f} | {r['steps']} | {r['row_steps']} | "
-                f"{r['mean_rows']:.1f} | {r['ms_per_row_step']:.3f} |"
+                f"{r['mean_rows']:.1f} | {r['ms_per_row_step']:.3f} | {r['host_ms_per_step']:.2f} |"
             )
     ratios = []
     for beam, modes in report["beams"].items():

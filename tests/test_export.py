@@ -353,6 +353,8 @@ def test_saturation_modes_run_the_same_row_steps(tiny: TinyBundle, tmp_path: Pat
         assert len({r["row_steps"] for r in modes.values()}) == 1  # the invariant
         assert modes["inflight"]["mean_rows"] <= 9 and modes["request-arrival"]["mean_rows"] <= 5 * int(beam)
         assert modes["inflight"]["steps"] < modes["request-arrival"]["steps"]
+        for r in modes.values():  # the graph runs were timed: host time is the rest
+            assert 0 < r["ort_seconds"] < r["seconds"] and r["host_ms_per_step"] > 0
     assert "inflight / request-sorted" in capsys.readouterr().out.splitlines()[-1]
 
 
