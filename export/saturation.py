@@ -51,19 +51,18 @@ class _TimedSession:
     def __init__(self, session: Any, clock: list[float]) -> None:
         self._session, self._clock = session, clock
 
-    def run(self, *args: Any, **kwargs: Any) -> Any:
+    def _timed(self, method: str, args: tuple, kwargs: dict) -> Any:
         t0 = time.perf_counter()
         try:
-            return self._session.run(*args, **kwargs)
+            return getattr(self._session, method)(*args, **kwargs)
         finally:
             self._clock[0] += time.perf_counter() - t0
 
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed("run", args, kwargs)
+
     def run_with_iobinding(self, *args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return self._session.run_with_iobinding(*args, **kwargs)
-        finally:
-            self._clock[0] += time.perf_counter() - t0
+        return self._timed("run_with_iobinding", args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._session, name)
