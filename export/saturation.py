@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import onnxruntime as ort
+
 from export.step_cost import engine_parser
 from model.corpus import source_sentences
 from server.engine import BatchItem, DecodingOptions, Engine
@@ -69,12 +71,13 @@ class _TimedSession:
 
 
 def time_sessions(engine: Engine) -> list[float]:
-    """Time every graph run of the engine's generator from now on: returns the clock ([seconds])."""
+    """Time every graph run of the engine's generator from now on (each of its session attributes is
+    wrapped, once): returns the clock ([seconds])."""
     clock = [0.0]
     g = engine.generator
-    for name in ("encoder", "decoder", "cache_graph", "kv_rows_graph", "kv_step_graph"):
-        if (session := getattr(g, name, None)) is not None:
-            setattr(g, name, _TimedSession(session, clock))
+    for name, value in list(vars(g).items()):
+        if isinstance(value, ort.InferenceSession):
+            setattr(g, name, _TimedSession(value, clock))
     return clock
 
 
@@ -106,7 +109,10 @@ def run_inflight(engine: Engine, texts: list[str], options: DecodingOptions, row
     return {"seconds": time.perf_counter() - t0, "steps": steps, "row_steps": row_steps}
 
 
-def measure(engine: Engine, texts: list[str], beam: int, batch: int, rows: int, reps: int) -> dict[str, Any]:
+def measure(
+    engine: Engine, clock: list[float], texts: list[str], beam: int, batch: int, rows: int, reps: int
+) -> dict[str, Any]:
+    """Every mode --reps times, interleaved; clock: the engine's graph-run time (time_sessions)."""
     d = engine.default_options
     options = DecodingOptions(beam_size=beam, num_hypotheses=1, length_penalty=d.length_penalty)
     by_length = sorted(texts, key=len)
@@ -116,7 +122,6 @@ def measure(engine: Engine, texts: list[str], beam: int, batch: int, rows: int, 
         "inflight": lambda: run_inflight(engine, texts, options, rows),
     }
     engine.translate(texts[:batch], options)  # warm-up: kernels, arenas
-    clock = time_sessions(engine)
     best: dict[str, dict[str, Any]] = {}
     for rep in range(reps):
         for mode, run in runs.items():
@@ -176,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         "inflight_kv": storage,
         "beams": {},
     }
+    clock = time_sessions(engine)
     for beam in [int(b) for b in args.beams.split(",")]:
-        report["beams"][str(beam)] = measure(engine, texts, beam, args.batch, args.rows, args.reps)
+        report["beams"][str(beam)] = measure(engine, clock, texts, beam, args.batch, args.rows, args.reps)
     where = f"{engine.providers[0]}, {args.threads} thread(s), in-flight K/V on the {storage}"
     print(f"\n{len(texts)} sentences, {where}\n")
     print("| beam | mode | sentences/s | steps | row-steps | mean rows | ms per row-step | host ms / step |")
