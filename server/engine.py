@@ -130,6 +130,12 @@ class _NumpyCache:
     trims_source = True
     CAPACITY_STEP = 16
 
+    @staticmethod
+    def slots(n: Any) -> Any:
+        """n time slots (an int or an array of them) rounded up to a multiple of CAPACITY_STEP."""
+        step = _NumpyCache.CAPACITY_STEP
+        return -(-n // step) * step
+
     def __init__(self, gen: Generator) -> None:
         self.g = gen
         self._sets: list[list[np.ndarray | None]] = [[], []]  # double buffer: never read and write one set
@@ -183,8 +189,7 @@ class _NumpyCache:
                 np.take(p, rows, axis=0, out=d, mode="clip")  # contiguous; rows are always in range
                 d[:, :, t] = x[rows, :, 0]
             return dest
-        step = self.CAPACITY_STEP
-        dest = self._buffers(past, n_rows, -(-(t + 1) // step) * step)
+        dest = self._buffers(past, n_rows, self.slots(t + 1))
         for p, x, d in zip(past, new, dest, strict=True):
             d[:, :, :t] = p[:, :, :t] if rows is None else p[rows, :, :t]
             d[:, :, t] = x[:, :, 0] if rows is None else x[rows, :, 0]
@@ -786,9 +791,8 @@ def _grow(need: int, cap: int, headroom: float = 2.0) -> int:
 
 
 def _time_slots(need: int) -> int:
-    """Cache slots for `need` entries: a multiple of 16, as in the request path."""
-    step = _NumpyCache.CAPACITY_STEP
-    return max(step, -(-need // step) * step)
+    """Cache slots for `need` entries: a multiple of 16 (at least one), as in the request path."""
+    return max(_NumpyCache.CAPACITY_STEP, _NumpyCache.slots(need))
 
 
 class _Rows:
@@ -840,7 +844,6 @@ class _HostRows(_Rows):
         first filled[m] slots matter, t_cap slots; new_kv[src[m]] is then written at slot filled[m].
         same_layout: rows keep their sentence's place (only beam origins and swap-removed sentences
         change), so rows can be copied in place."""
-        step = _NumpyCache.CAPACITY_STEP
         m = src.size
         row_cap = self.kv[0].shape[0] if self.kv else 0
         if not (same_layout and m <= row_cap and t_cap == self.kv[0].shape[2]):
@@ -852,7 +855,7 @@ class _HostRows(_Rows):
             # sentence's place), so one span group never reads what another writes.
             changed = np.flatnonzero((src != np.arange(m)) & (src >= 0))
             if changed.size:
-                self._copy_rows(self.kv, changed, src[changed], -(-filled[changed] // step) * step)
+                self._copy_rows(self.kv, changed, src[changed], _NumpyCache.slots(filled[changed]))
         if new_kv is not None:
             ar = np.arange(m)
             for p, x in zip(self.kv, new_kv, strict=True):
@@ -865,8 +868,7 @@ class _HostRows(_Rows):
         like = self.kv or [np.zeros((0, g.n_heads, 0, g.head_dim), dtype=g.kv_dtype)] * (2 * g.n_layers)
         dest = self.cache._buffers(like, row_cap, t_cap)
         if self.kv:
-            step = _NumpyCache.CAPACITY_STEP
-            spans = np.minimum(-(-filled // step) * step, min(self.kv[0].shape[2], t_cap))
+            spans = np.minimum(_NumpyCache.slots(filled), min(self.kv[0].shape[2], t_cap))
             spans[src < 0] = 0
             self._copy_rows(dest, np.arange(src.size), src, spans)
         self.kv = dest
