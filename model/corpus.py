@@ -8,7 +8,8 @@ Two sources, both human-translated and reachable from any Debian 12 machine:
 
 Packages are fetched with ``apt-get download`` (cached) and read with ``dpkg-deb --fsys-tarfile``
 without installing anything. Pairs are cleaned, deduplicated and split by package family into
-train/valid/test, with provenance and a manifest.
+train/valid/test, with provenance and a manifest. Train keeps every pair; held-out pairs whose source
+never occurs in train are labelled ``novel``.
 
     python -m model.corpus --out data/ [--top 150]
 """
@@ -382,6 +383,11 @@ class Pair:
     package: str
     version: str
     origin: str  # catalog file or help page
+    # Every package of the split that ships this exact pair (dedupe keeps one copy): how common a string
+    # is across Debian, for the common-UI-strings evaluation and for weighting frequent strings.
+    packages: tuple[str, ...] = ()
+    # Held-out splits only: True when the pair's normalised source never occurs in train.
+    novel: bool | None = None
 
 
 def read_catalog_package(package: str, deb: Path) -> tuple[list[Pair], Counter]:
@@ -436,28 +442,44 @@ def _read_job(job: tuple[str, ...]) -> tuple[list[Pair], Counter]:
 
 
 def dedupe(pairs: Iterable[Pair]) -> list[Pair]:
-    seen: set[tuple[str, str]] = set()
-    unique = []
+    """One copy of each (source, target), the first seen, listing every package that ships it."""
+    first: dict[tuple[str, str], Pair] = {}
+    packages: dict[tuple[str, str], dict[str, None]] = defaultdict(dict)
     for pair in pairs:
         key = (pair.source, pair.target)
-        if key not in seen:
-            seen.add(key)
-            unique.append(pair)
-    return unique
+        first.setdefault(key, pair)
+        packages[key][pair.package] = None
+    return [
+        Pair(p.source, p.target, p.package, p.version, p.origin, tuple(packages[key]), p.novel)
+        for key, p in first.items()
+    ]
 
 
-def split_pairs(pairs: list[Pair]) -> tuple[dict[str, list[Pair]], int]:
-    """Split by package family, then drop train pairs whose normalised source is held out."""
-    splits: dict[str, list[Pair]] = {name: [] for name in SPLITS}
+def split_pairs(pairs: list[Pair]) -> dict[str, list[Pair]]:
+    """Split by package family, dedupe within each split, and label held-out pairs as novel or not.
+
+    Train keeps every pair: the commonest strings (Save, File, Delete) occur in held-out packages too, and
+    removing them from train left the model without them. Leakage is handled on the held-out side instead:
+    a valid/test pair is `novel` when its normalised source never occurs in train, so scores are reported
+    on all pairs and on the novel ones. Valid drops pairs whose source occurs in test (held-out side only).
+    """
+    by_split: dict[str, list[Pair]] = {name: [] for name in SPLITS}
     for pair in pairs:
-        splits[split_of(package_family(pair.package))].append(pair)
-    held_out = {normalised_source(p.source) for name in ("valid", "test") for p in splits[name]}
-    before = len(splits["train"])
-    splits["train"] = [p for p in splits["train"] if normalised_source(p.source) not in held_out]
-    # valid and test must not share sources either; keep test intact
+        by_split[split_of(package_family(pair.package))].append(pair)
+    splits = {name: dedupe(by_split[name]) for name in SPLITS}
     test_sources = {normalised_source(p.source) for p in splits["test"]}
     splits["valid"] = [p for p in splits["valid"] if normalised_source(p.source) not in test_sources]
-    return splits, before - len(splits["train"])
+    train_sources = {normalised_source(p.source) for p in splits["train"]}
+    for name in ("valid", "test"):
+        for pair in splits[name]:
+            pair.novel = normalised_source(pair.source) not in train_sources
+    return splits
+
+
+def read_novel(data_dir: Path, split: str) -> list[bool]:
+    """Per line of a held-out split: whether its source is novel (never in train). From {split}.jsonl."""
+    with (data_dir / f"{split}.jsonl").open(encoding="utf-8") as handle:
+        return [bool(json.loads(line).get("novel")) for line in handle]
 
 
 def sha256_file(path: Path) -> str:
@@ -535,8 +557,8 @@ def build(out: Path, package_list: Path, top: int, cache_dir: Path, workers: int
             dropped.update(reasons)
             progress.set_postfix(pairs=len(all_pairs))
     raw = len(all_pairs)
-    unique = dedupe(all_pairs)
-    splits, leaked = split_pairs(unique)
+    splits = split_pairs(all_pairs)
+    novel = {name: sum(bool(p.novel) for p in splits[name]) for name in ("valid", "test")}
     checksums = write_splits(out, splits)
     per_package: dict[str, Counter] = defaultdict(Counter)
     for name, pairs in splits.items():
@@ -549,8 +571,9 @@ def build(out: Path, package_list: Path, top: int, cache_dir: Path, workers: int
         f"<{TEST_PERCENT + VALID_PERCENT} valid, else train; "
         f"pinned to train: {sorted(PINNED_TRAIN_FAMILIES)}",
         "pairs_after_cleaning": raw,
-        "pairs_after_dedupe": len(unique),
-        "train_pairs_removed_as_held_out_sources": leaked,
+        "pairs_after_dedupe": sum(len(pairs) for pairs in splits.values()),
+        "dedupe": "within each split; train keeps every pair, held-out pairs are labelled novel or not",
+        "novel": novel,
         "dropped": dict(dropped.most_common()),
         "counts": {name: len(pairs) for name, pairs in splits.items()},
         "families": {
@@ -581,8 +604,8 @@ def main(argv: list[str] | None = None) -> None:
     counts = manifest["counts"]
     print(
         f"corpus: {manifest['pairs_after_dedupe']} unique pairs -> train {counts['train']}, "
-        f"valid {counts['valid']}, test {counts['test']} "
-        f"({manifest['train_pairs_removed_as_held_out_sources']} train pairs removed as held-out sources) "
+        f"valid {counts['valid']} ({manifest['novel']['valid']} novel), "
+        f"test {counts['test']} ({manifest['novel']['test']} novel) "
         f"in {manifest['seconds']} s; manifest: {args.out / 'manifest.json'}"
     )
     print(f"families: valid {manifest['families']['valid']}\n          test {manifest['families']['test']}")

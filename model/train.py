@@ -7,9 +7,15 @@ decay, batches by token count over length-sorted buckets, gradient clipping, per
     python -m model.train --data data --tokenizer models/en-es-small/tokenizer.model \\
         --run-dir runs/en-es-small --release-dir models/en-es-small --config small --hours 2
 
-`--run-dir` keeps the full training state (`last.pt`, with optimizer; resumable, not committed).
+`--run-dir` keeps the full training state (`last.pt`, with optimizer; resumable, not committed),
+written every `--save-every` steps, at each validation and on SIGTERM/SIGINT, so a run can be stopped at
+any moment and continued with `--resume` (same batch order, no batch seen twice).
 `--release-dir` receives the best weights so far as fp16 safetensors + config.json + metrics: the
-model that ships.
+model that ships. `--init-from DIR` starts from a released model instead of random weights (fresh
+optimizer, learning-rate schedule continued from the release's step, re-warmed over `--rewarm` steps).
+
+Validation: loss on 4,000 valid pairs, greedy BLEU/chrF on novel valid pairs (sources never in train: the
+checkpoint criterion) and on all valid pairs, and accepted share on the commonest UI strings of train.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import json
 import math
 import random
 import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -29,7 +36,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from model.corpus import read_split
+from model.common_strings import load_common_strings, score_common_strings
+from model.corpus import read_novel, read_split
 from model.decode import greedy_decode, max_output_length
 from model.model import Transformer, TransformerConfig, label_smoothed_loss
 from model.tokenizer import Tokenizer
@@ -50,14 +58,22 @@ class TrainConfig:
     max_steps: int = 0  # 0 = no limit
     valid_every: int = 500
     valid_bleu_sentences: int = 500
+    save_every: int = 100  # steps between last.pt checkpoints (besides validation)
+    rewarm: int = 100  # with --init-from: steps to ramp the learning rate back up (fresh Adam moments)
     seed: int = 1234
     threads: int = 0  # 0 = torch default
 
 
-def learning_rate(step: int, peak: float, warmup: int) -> float:
-    """Linear warm-up to `peak`, then decay with 1/sqrt(step) (the paper's schedule, peak-normalised)."""
+def learning_rate(step: int, peak: float, warmup: int, start_step: int = 0, rewarm: int = 0) -> float:
+    """Linear warm-up to `peak`, then decay with 1/sqrt(step) (the paper's schedule, peak-normalised).
+
+    A run continued from a release at `start_step` ramps linearly back to the schedule over `rewarm` steps:
+    its Adam moments start at zero, and a full-size first update would undo part of the release."""
     step = max(step, 1)
-    return peak * min(step / warmup, math.sqrt(warmup / step))
+    rate = peak * min(step / warmup, math.sqrt(warmup / step))
+    if rewarm and step <= start_step + rewarm:
+        rate *= max(step - start_step, 1) / rewarm
+    return rate
 
 
 def make_batches(lengths: list[tuple[int, int]], max_tokens: int, rng: random.Random) -> list[list[int]]:
@@ -150,6 +166,15 @@ def load_release(model_dir: Path, device: str | torch.device = "cpu") -> Transfo
     return model.to(device).eval()
 
 
+def tokenize_pairs(
+    tokenizer: Tokenizer, pairs: list[tuple[str, str]], max_len: int
+) -> list[tuple[list[int], list[int]]]:
+    """Token ids of (source, target) pairs, dropping those longer than `max_len` tokens."""
+    src = tokenizer.encode_batch([p[0] for p in pairs])
+    tgt = tokenizer.encode_batch([p[1] for p in pairs])
+    return [(s, t) for s, t in zip(src, tgt, strict=True) if len(s) <= max_len and len(t) < max_len]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -159,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--release-dir", type=Path, required=True)
     parser.add_argument("--resume", action="store_true", help="continue from run-dir/last.pt")
+    parser.add_argument("--init-from", type=Path, help="start from this released model's weights")
     parser.add_argument("--device", default="auto")
     parser.add_argument(
         "--max-train-pairs", type=int, default=0, help="use only the first N pairs (smoke runs)"
@@ -184,25 +210,23 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = Tokenizer(args.tokenizer)
     train_pairs = read_split(args.data, "train")
     valid_pairs = read_split(args.data, "valid")
+    valid_novel = [p for p, novel in zip(valid_pairs, read_novel(args.data, "valid"), strict=True) if novel]
     if args.max_train_pairs:
         train_pairs = train_pairs[: args.max_train_pairs]
     print(f"tokenizing {len(train_pairs)} train and {len(valid_pairs)} valid pairs", file=sys.stderr)
 
-    def tokenized(pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
-        src = tokenizer.encode_batch([p[0] for p in pairs])
-        tgt = tokenizer.encode_batch([p[1] for p in pairs])
-        return [
-            (s, t) for s, t in zip(src, tgt, strict=True) if len(s) <= cfg.max_len and len(t) < cfg.max_len
-        ]
-
-    train = tokenized(train_pairs)
+    train = tokenize_pairs(tokenizer, train_pairs, cfg.max_len)
     valid_sample = random.Random(0).sample(valid_pairs, min(len(valid_pairs), 4000))
-    valid = tokenized(valid_sample)
+    valid = tokenize_pairs(tokenizer, valid_sample, cfg.max_len)
     valid_batches = [
         [valid[i] for i in b]
         for b in make_batches([(len(s), len(t) + 1) for s, t in valid], cfg.max_tokens, random.Random(0))
     ]
-    bleu_pairs = valid_sample[: cfg.valid_bleu_sentences]
+    bleu_sets = {
+        "novel": random.Random(0).sample(valid_novel, min(len(valid_novel), cfg.valid_bleu_sentences)),
+        "all": valid_sample[: cfg.valid_bleu_sentences],
+    }
+    common = load_common_strings(args.data) if (args.data / "train.jsonl").exists() else []
 
     config_factory = {"small": TransformerConfig.small, "base": TransformerConfig.base}[cfg.config]
     config = config_factory(tokenizer.vocab_size)
@@ -210,6 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     model = Transformer(config).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9)
     step, epoch, best_bleu, history, elapsed_before = 0, 0, -1.0, [], 0.0
+    start_step, epoch_step, epoch_rng = 0, 0, rng.getstate()
     last_path = args.run_dir / "last.pt"
     if args.resume and last_path.exists():
         state = torch.load(last_path, map_location=device, weights_only=False)
@@ -217,40 +242,88 @@ def main(argv: list[str] | None = None) -> None:
         optimizer.load_state_dict(state["optimizer"])
         step, epoch, best_bleu = state["step"], state["epoch"], state["best_bleu"]
         history, elapsed_before = state["history"], state.get("train_seconds", 0.0)
-        rng.setstate(state["rng"])
+        start_step, epoch_step = state.get("start_step", 0), state.get("epoch_step", 0)
+        epoch_rng = state.get("epoch_rng", state["rng"])
         torch.set_rng_state(state["torch_rng"])
         print(
-            f"resumed from {last_path} at step {step}, epoch {epoch}, best BLEU {best_bleu:.2f}",
+            f"resumed from {last_path} at step {step} (epoch {epoch}, batch {epoch_step}), "
+            f"best BLEU {best_bleu:.2f}",
             file=sys.stderr,
         )
+    elif args.init_from:
+        released = load_release(args.init_from, device)
+        model.load_state_dict(released.state_dict())
+        release_info = json.loads((args.init_from / "training.json").read_text())
+        step = start_step = release_info["best"]["step"]
+        history = [dict(r, run="init") for r in release_info.get("history", [])]
+        elapsed_before = release_info["best"].get("train_seconds", 0.0)
+        print(f"initialised from {args.init_from} (step {step}); fresh optimizer", file=sys.stderr)
     args.run_dir.mkdir(parents=True, exist_ok=True)
 
     n_tgt_tokens = sum(len(t) + 1 for _, t in train)
     print(
         f"model: {config.d_model}d {config.n_heads}h ff{config.d_ff} {config.n_encoder_layers}+"
         f"{config.n_decoder_layers} layers, {model.num_parameters() / 1e6:.2f}M parameters, device {device}, "
-        f"{torch.get_num_threads()} threads; {len(train)} train pairs, {n_tgt_tokens} target tokens/epoch",
+        f"{torch.get_num_threads()} threads; {len(train)} train pairs, {n_tgt_tokens} target tokens/epoch; "
+        f"{len(common)} common UI strings tracked",
         file=sys.stderr,
     )
     started = time.time()
     deadline = started + cfg.hours * 3600 if cfg.hours else math.inf
 
+    def checkpoint(train_seconds: float) -> None:
+        """Everything needed to continue exactly here; written to a temporary file, then renamed."""
+        tmp = last_path.with_suffix(".tmp")
+        torch.save(
+            {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "step": step,
+                "epoch": epoch,
+                "epoch_step": epoch_step,
+                "epoch_rng": epoch_rng,
+                "start_step": start_step,
+                "best_bleu": best_bleu,
+                "history": history,
+                "rng": rng.getstate(),
+                "torch_rng": torch.get_rng_state(),
+                "train_seconds": train_seconds,
+                "train_config": vars(cfg),
+                "model_config": config.to_dict(),
+            },
+            tmp,
+        )
+        tmp.replace(last_path)
+
     def validate() -> dict:
         nonlocal best_bleu
         valid_loss = evaluate_loss(model, valid_batches, device)
         t0 = time.time()
-        hyps = translate(model, tokenizer, [p[0] for p in bleu_pairs], device)
-        refs = [p[1] for p in bleu_pairs]
-        bleu = sacrebleu.corpus_bleu(hyps, [refs]).score
-        chrf = sacrebleu.corpus_chrf(hyps, [refs]).score
+        scores = {}
+        for name, pairs in bleu_sets.items():
+            hyps = translate(model, tokenizer, [p[0] for p in pairs], device)
+            refs = [p[1] for p in pairs]
+            scores[name] = (
+                sacrebleu.corpus_bleu(hyps, [refs]).score,
+                sacrebleu.corpus_chrf(hyps, [refs]).score,
+            )
+        common_scores = score_common_strings(
+            common, translate(model, tokenizer, [c.source for c in common], device)
+        )
+        bleu, chrf = scores["novel"]
         record = {
             "step": step,
             "epoch": epoch,
             "valid_loss": round(valid_loss, 4),
-            "valid_bleu": round(bleu, 2),
+            "valid_bleu": round(bleu, 2),  # novel valid pairs: the checkpoint criterion
             "valid_chrf": round(chrf, 2),
+            "valid_bleu_all": round(scores["all"][0], 2),
+            "valid_chrf_all": round(scores["all"][1], 2),
+            "common_accepted_percent": common_scores["accepted_percent"],
+            "common_repeated_word": common_scores["repeated_word"],
             "train_seconds": round(elapsed_before + time.time() - started, 1),
             "decode_seconds": round(time.time() - t0, 1),
+            "threads": torch.get_num_threads(),
         }
         history.append(record)
         improved = bleu > best_bleu
@@ -270,40 +343,35 @@ def main(argv: list[str] | None = None) -> None:
                     "train_pairs": len(train),
                 },
             )
-        torch.save(
-            {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "step": step,
-                "epoch": epoch,
-                "best_bleu": best_bleu,
-                "history": history,
-                "rng": rng.getstate(),
-                "torch_rng": torch.get_rng_state(),
-                "train_seconds": record["train_seconds"],
-                "train_config": vars(cfg),
-                "model_config": config.to_dict(),
-            },
-            last_path,
-        )
+        checkpoint(record["train_seconds"])
         tqdm.write(
-            f"step {step} epoch {epoch}: valid loss {valid_loss:.3f}, BLEU {bleu:.2f}, chrF {chrf:.2f}"
-            f"{' (best, saved)' if improved else ''}; example: {hyps[1]!r}",
+            f"step {step} epoch {epoch}: valid loss {valid_loss:.3f}, novel BLEU {bleu:.2f} chrF {chrf:.2f}, "
+            f"all BLEU {scores['all'][0]:.2f}, common strings {common_scores['accepted_percent']}% "
+            f"({common_scores['repeated_word']} repeated){' (best, saved)' if improved else ''}",
             file=sys.stderr,
         )
         model.train()
         return record
 
+    stopping = {"signal": None}
+
+    def request_stop(signum: int, _frame: object) -> None:
+        stopping["signal"] = signum  # finish the current step, checkpoint, exit
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
     stop = False
     while epoch < cfg.epochs and not stop:
+        rng.setstate(epoch_rng)
         batches = make_batches([(len(s), len(t) + 1) for s, t in train], cfg.max_tokens, rng)
-        skip = step % len(batches) if args.resume and history and step else 0  # mid-epoch resume
-        progress = tqdm(batches[skip:], desc=f"epoch {epoch}", unit="batch", mininterval=10, file=sys.stderr)
+        progress = tqdm(
+            batches[epoch_step:], desc=f"epoch {epoch}", unit="batch", mininterval=10, file=sys.stderr
+        )
         model.train()
         window_tokens, window_start = 0, time.time()
         for batch in progress:
             src, tgt_in, tgt_out = (t.to(device) for t in collate([train[i] for i in batch], 0, 1, 2))
-            lr = learning_rate(step + 1, cfg.lr, cfg.warmup)
+            lr = learning_rate(step + 1, cfg.lr, cfg.warmup, start_step, cfg.rewarm if start_step else 0)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             loss_sum, n_tokens = label_smoothed_loss(model(src, tgt_in), tgt_out, 0, cfg.label_smoothing)
@@ -312,6 +380,7 @@ def main(argv: list[str] | None = None) -> None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
             optimizer.step()
             step += 1
+            epoch_step += 1
             window_tokens += int(n_tokens)
             if step % 20 == 0:
                 rate = window_tokens / max(time.time() - window_start, 1e-6)
@@ -321,15 +390,25 @@ def main(argv: list[str] | None = None) -> None:
                 window_tokens, window_start = 0, time.time()
             if step % cfg.valid_every == 0:
                 validate()
+            elif step % cfg.save_every == 0:
+                checkpoint(elapsed_before + time.time() - started)
+            if stopping["signal"] is not None:
+                checkpoint(elapsed_before + time.time() - started)
+                print(
+                    f"stopped by signal {stopping['signal']} at step {step}; resume with --resume",
+                    file=sys.stderr,
+                )
+                return
             if time.time() > deadline or (cfg.max_steps and step >= cfg.max_steps):
                 stop = True
                 break
         else:
-            epoch += 1
+            epoch, epoch_step, epoch_rng = epoch + 1, 0, rng.getstate()
     final = validate()
-    best = max(history, key=lambda r: r["valid_bleu"])
+    run = [r for r in history if r.get("run") != "init"]
+    best = max(run or history, key=lambda r: r["valid_bleu"])
     print(
-        f"done: {step} steps, {epoch} epochs, {final['train_seconds'] / 60:.1f} min; best valid BLEU "
+        f"done: {step} steps, {epoch} epochs, {final['train_seconds'] / 60:.1f} min; best novel valid BLEU "
         f"{best['valid_bleu']} chrF {best['valid_chrf']} at step {best['step']} -> {args.release_dir}"
     )
 

@@ -21,6 +21,7 @@ from model.corpus import (
     normalised_source,
     package_family,
     parse_mo,
+    read_novel,
     read_split,
     split_of,
     split_pairs,
@@ -215,12 +216,12 @@ def pair(source: str, target: str = "x", package: str = "pkg") -> Pair:
     return Pair(source, target, package, "1.0", "test.mo")
 
 
-def test_dedupe_keeps_first_of_identical_pairs():
+def test_dedupe_keeps_first_of_identical_pairs_and_lists_their_packages():
     pairs = [pair("Open", "Abrir", "a"), pair("Open", "Abrir", "b"), pair("Open", "Abre", "a")]
     unique = dedupe(pairs)
-    assert [(p.source, p.target, p.package) for p in unique] == [
-        ("Open", "Abrir", "a"),
-        ("Open", "Abre", "a"),
+    assert [(p.source, p.target, p.package, p.packages) for p in unique] == [
+        ("Open", "Abrir", "a", ("a", "b")),
+        ("Open", "Abre", "a", ("a",)),
     ]
 
 
@@ -253,28 +254,45 @@ def _family_in(split: str) -> str:
     raise AssertionError(f"no family hashes to {split}")
 
 
-def test_split_keeps_families_disjoint_and_removes_leaks():
+def test_split_keeps_every_train_pair_and_labels_novel_held_out_pairs():
     train_fam, valid_fam, test_fam = _family_in("train"), _family_in("valid"), _family_in("test")
     pairs = [
         pair("Open the file", "Abrir el archivo", f"{train_fam}-data"),
         pair("open the FILE!", "Abre el archivo", f"{train_fam}-common"),  # same normalised source as test
         pair("Quit", "Salir", f"{train_fam}-data"),
         pair("Help", "Ayuda", f"{train_fam}-utils"),  # same normalised source as valid
+        pair("Save", "Guardar", f"{train_fam}-utils"),
         pair("Open the file", "Abrir archivo", f"{test_fam}-common"),
         pair("Close", "Cerrar", f"{test_fam}2.0-data"),
+        pair("Save", "Guardar", f"{test_fam}-common"),  # the same pair on both sides stays on both
         pair("help", "ayuda", f"{valid_fam}-5"),
-        pair("Close", "Cierra", f"{valid_fam}-common"),  # valid shares a source with test
+        pair("Close", "Cierra", f"{valid_fam}-common"),  # valid shares a source with test: dropped
         pair("Print", "Imprimir", valid_fam),
     ]
-    splits, leaked = split_pairs(pairs)
+    splits = split_pairs(pairs)
     families = {name: {package_family(p.package) for p in ps} for name, ps in splits.items()}
     assert families == {"train": {train_fam}, "valid": {valid_fam}, "test": {test_fam}}
-    assert [p.source for p in splits["train"]] == ["Quit"]
-    assert leaked == 3
-    assert [p.source for p in splits["valid"]] == ["help", "Print"]
-    assert [p.source for p in splits["test"]] == ["Open the file", "Close"]
-    held_out = {normalised_source(p.source) for name in ("valid", "test") for p in splits[name]}
-    assert not held_out & {normalised_source(p.source) for p in splits["train"]}
+    # common strings stay in train, whatever the held-out side holds
+    assert [p.source for p in splits["train"]] == ["Open the file", "open the FILE!", "Quit", "Help", "Save"]
+    assert [(p.source, p.novel) for p in splits["valid"]] == [("help", False), ("Print", True)]
+    assert [(p.source, p.novel) for p in splits["test"]] == [
+        ("Open the file", False),
+        ("Close", True),
+        ("Save", False),
+    ]
+    # "novel" really is novel: no novel held-out source occurs in train
+    train_sources = {normalised_source(p.source) for p in splits["train"]}
+    novel = [p for name in ("valid", "test") for p in splits[name] if p.novel]
+    assert novel and not {normalised_source(p.source) for p in novel} & train_sources
+    assert all(p.novel is None for p in splits["train"])
+
+
+def test_read_novel_round_trips_through_jsonl(tmp_path):
+    train_fam, test_fam = _family_in("train"), _family_in("test")
+    pairs = [pair("Quit", "Salir", train_fam), pair("Quit", "Salir", test_fam), pair("Zoom", "Zum", test_fam)]
+    splits = split_pairs(pairs)
+    write_splits(tmp_path, splits)
+    assert read_novel(tmp_path, "test") == [False, True]
 
 
 # --------------------------------------------------------------------------------------------
