@@ -33,6 +33,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 RUN python3 -m venv /opt/venv
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY runtime/ runtime/
 COPY model/ model/
 COPY export/ export/
 COPY server/ server/
@@ -62,6 +63,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && python3.11 -m venv /opt/venv
 COPY pyproject.toml README.md /tmp/src/
+COPY runtime/ /tmp/src/runtime/
 COPY model/ /tmp/src/model/
 COPY export/ /tmp/src/export/
 COPY server/ /tmp/src/server/
@@ -103,6 +105,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
     PATH=/opt/venv/bin:$PATH
 RUN python3 -m venv /opt/venv
 COPY pyproject.toml README.md /tmp/src/
+COPY runtime/ /tmp/src/runtime/
 COPY model/ /tmp/src/model/
 COPY export/ /tmp/src/export/
 COPY server/ /tmp/src/server/

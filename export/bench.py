@@ -42,7 +42,7 @@ from torch import Tensor
 from model.decode import beam_search, greedy_decode, max_output_length
 from model.model import KV, Transformer
 from model.tokenizer import Tokenizer
-from server.bundle import sha256_file
+from runtime.bundle import sha256_file
 
 LENGTH_PENALTY = 0.6
 SETTINGS = {  # name -> (batch size, beam size)

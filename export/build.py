@@ -22,7 +22,7 @@ from export import onnx_export as ox
 from model.model import Transformer
 from model.tokenizer import MODEL_FILE, Tokenizer
 from model.train import load_release
-from server.bundle import (
+from runtime.bundle import (
     FORMAT_VERSION,
     GRAPHS,
     MANIFEST,

@@ -34,7 +34,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from model.tokenizer import PLACEHOLDER_PATTERN
+from runtime.bundle import sha256_file
+from runtime.tokenizer import PLACEHOLDER_PATTERN
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PACKAGE_LIST = REPO_ROOT.parent / "shared" / "data" / "debian-l10n-packages.tsv"
@@ -480,14 +481,6 @@ def read_novel(data_dir: Path, split: str) -> list[bool]:
     """Per line of a held-out split: whether its source is novel (never in train). From {split}.jsonl."""
     with (data_dir / f"{split}.jsonl").open(encoding="utf-8") as handle:
         return [bool(json.loads(line).get("novel")) for line in handle]
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def write_splits(out: Path, splits: dict[str, list[Pair]]) -> dict[str, dict[str, str]]:

@@ -12,16 +12,7 @@ import torch
 from torch import Tensor
 
 from model.model import KV, Transformer
-
-
-def max_output_length(src_len: int, ratio: float = 1.5, extra: int = 10, cap: int = 256) -> int:
-    """Generation budget for a source of `src_len` tokens: min(cap, floor(src_len * ratio) + extra)."""
-    return min(cap, int(src_len * ratio) + extra)
-
-
-def gnmt_length_penalty(length: int, alpha: float) -> float:
-    """GNMT length penalty lp = ((5 + length) / 6) ** alpha (Wu et al., 2016)."""
-    return ((5.0 + length) / 6.0) ** alpha
+from runtime.decoding import gnmt_length_penalty, max_output_length  # noqa: F401 - re-exported
 
 
 def _per_sentence_limits(max_len: int | Tensor, batch_size: int) -> list[int]:

@@ -51,8 +51,9 @@ from pathlib import Path
 import sacrebleu
 from tqdm import tqdm
 
-from model.corpus import read_split, sha256_file
+from model.corpus import read_split
 from model.tokenizer import MODEL_FILE, find_placeholders
+from runtime.bundle import sha256_file
 
 DEFAULT_SEED = 20240607
 APERTIUM_DATADIR = Path(os.environ.get("APERTIUM_DATADIR", "/usr/share/apertium"))

@@ -43,8 +43,11 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from model.tokenizer import Tokenizer
-from server.bundle import BundleError, load_manifest
+from runtime.bundle import BundleError, load_manifest
+from runtime.decoding import DecodingOptions, gnmt_length_penalty
+from runtime.decoding import check_options as _check_options
+from runtime.decoding import max_output_length as _max_output_length
+from runtime.tokenizer import Tokenizer
 
 __all__ = [
     "BatchItem",
@@ -61,14 +64,6 @@ __all__ = [
 ]
 
 NBest = list[tuple[list[int], float]]
-
-
-@dataclass(frozen=True)
-class DecodingOptions:
-    beam_size: int = 4  # 1 = greedy
-    num_hypotheses: int = 1  # n-best size, <= beam_size
-    max_length: int = 0  # 0 = derived from the source length: min(cap, int(1.5 * src_len) + 10)
-    length_penalty: float = 0.6  # GNMT alpha: score = sum logprob / ((5 + len) / 6) ** alpha
 
 
 @dataclass
@@ -108,10 +103,6 @@ def physical_cores() -> int:
         except OSError:
             physical = 0
     return max(1, min(available, physical) if physical else available)
-
-
-def gnmt_length_penalty(length: int, alpha: float) -> float:
-    return ((5.0 + length) / 6.0) ** alpha
 
 
 # ------------------------------------------------------------------------------------------ backends
@@ -1498,21 +1489,16 @@ class Engine:
     def max_output_length(self, src_len: int, options: DecodingOptions) -> int:
         if options.max_length > 0:
             return min(options.max_length, self.max_length_cap)
-        return min(self.max_length_cap, int(src_len * self._ratio) + self._extra)
+        return _max_output_length(src_len, self._ratio, self._extra, self.max_length_cap)
 
     def check_options(self, options: DecodingOptions) -> None:
-        if not 1 <= options.beam_size <= self.max_beam_size:
-            raise ValueError(f"beam_size must be in 1..{self.max_beam_size}, got {options.beam_size}")
-        if not 1 <= options.num_hypotheses <= options.beam_size:
-            raise ValueError(
-                f"num_hypotheses must be in 1..beam_size ({options.beam_size}), got {options.num_hypotheses}"
-            )
-        if options.max_length < 0:
-            raise ValueError(
-                f"max_length must be >= 0 (0 = derived from the source), got {options.max_length}"
-            )
-        if not math.isfinite(options.length_penalty) or options.length_penalty < 0:
-            raise ValueError(f"length_penalty must be a finite number >= 0, got {options.length_penalty}")
+        """InvalidOptionsError (a ValueError) unless this model can run `options` (runtime.decoding's rules;
+        a max_length over the cap is clipped, not refused)."""
+        _check_options(
+            options,
+            max_beam_size=self.max_beam_size,
+            max_length_cap=max(self.max_length_cap, options.max_length),
+        )
 
     def too_long(self, n_tokens: int, segment: str = "segment") -> InputTooLongError | None:
         """The error for a segment of n_tokens source tokens, or None when it is within the limit."""

@@ -9,17 +9,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from proto.gen.translator.v1 import translator_pb2 as pb
 from proto.gen.translator.v1 import translator_pb2_grpc as pb_grpc
+from runtime import decoding
 from server.metrics import Metrics
 from server.scheduler import (
     EngineFailure,
@@ -67,41 +67,18 @@ class Backend:
 
 def resolve_options(opts: pb.DecodingOptions, engine: Any) -> tuple[Any, bool]:
     """Proto options -> (engine DecodingOptions with bundle defaults filled in, return_scores)."""
-    defaults = engine.default_options
-    max_beam = int(engine.max_beam_size)
-    cap = int(engine.max_length_cap)
-    if opts.beam_size < 0:
-        raise invalid(
-            f"options.beam_size must be >= 0 (0 = model default {defaults.beam_size}), got {opts.beam_size}"
+    try:
+        options = decoding.resolve_options(
+            engine.default_options,
+            max_beam_size=int(engine.max_beam_size),
+            max_length_cap=int(engine.max_length_cap),
+            beam_size=opts.beam_size,
+            num_hypotheses=opts.num_hypotheses,
+            max_length=opts.max_length,
+            length_penalty=opts.length_penalty if opts.HasField("length_penalty") else None,
         )
-    beam = opts.beam_size or defaults.beam_size
-    if beam > max_beam:
-        raise invalid(f"options.beam_size={beam} is above the maximum beam size {max_beam}")
-    if opts.num_hypotheses < 0:
-        raise invalid(f"options.num_hypotheses must be >= 0 (0 = model default), got {opts.num_hypotheses}")
-    n_best = opts.num_hypotheses or min(defaults.num_hypotheses, beam)
-    if n_best > beam:
-        raise invalid(
-            f"options.num_hypotheses={n_best} is larger than the beam size {beam}; "
-            f"raise options.beam_size to at least {n_best} or ask for fewer hypotheses"
-        )
-    if opts.max_length < 0:
-        raise invalid(
-            f"options.max_length must be >= 0 (0 = derived from the source length), got {opts.max_length}"
-        )
-    if opts.max_length > cap:
-        raise invalid(f"options.max_length={opts.max_length} is above the model's cap of {cap} tokens")
-    max_length = opts.max_length or defaults.max_length
-    if opts.HasField("length_penalty"):
-        alpha = float(opts.length_penalty)
-        if not math.isfinite(alpha) or alpha < 0:
-            raise invalid(f"options.length_penalty must be a finite number >= 0, got {alpha}")
-        alpha = round(alpha, 6)  # float32 on the wire: 0.6 arrives as 0.60000002
-    else:
-        alpha = defaults.length_penalty
-    options = replace(
-        defaults, beam_size=beam, num_hypotheses=n_best, max_length=max_length, length_penalty=alpha
-    )
+    except decoding.InvalidOptionsError as e:
+        raise invalid(str(e)) from e
     return options, bool(opts.return_scores)
 
 

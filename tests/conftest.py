@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from client.bench_batching import free_port
-from server.bundle import OPTIONAL_GRAPHS
+from runtime.bundle import OPTIONAL_GRAPHS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_CHECKPOINT = REPO_ROOT / "models" / "en-es-small"
@@ -117,8 +117,8 @@ def tiny_bundle(tiny_checkpoint, tmp_path_factory) -> Path:
 def shipped_bundle(tmp_path_factory) -> Path:
     """bundles/en-es-small if it loads and is not older than the shipped checkpoint, else the shipped
     checkpoint exported to a tmp dir."""
+    from runtime.bundle import BundleError, load_manifest
     from server.app import bundle_is_stale, is_checkpoint
-    from server.bundle import BundleError, load_manifest
 
     have_checkpoint = is_checkpoint(SHIPPED_CHECKPOINT)
     if (SHIPPED_BUNDLE / "manifest.json").is_file():

@@ -19,7 +19,7 @@ from model.decode import greedy_decode
 from model.model import Transformer, TransformerConfig
 from model.tokenizer import Tokenizer
 from model.train import load_release, save_release
-from server.bundle import FORMAT_VERSION, sha256_file
+from runtime.bundle import FORMAT_VERSION, sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER = ROOT / "models" / "en-es-small" / "tokenizer.model"
