@@ -48,6 +48,7 @@ from runtime.decoding import DecodingOptions, gnmt_length_penalty
 from runtime.decoding import check_options as _check_options
 from runtime.decoding import max_output_length as _max_output_length
 from runtime.tokenizer import Tokenizer
+from server.contract import BatchItem, Finished, Hypothesis, InputTooLongError
 
 __all__ = [
     "BatchItem",
@@ -64,17 +65,6 @@ __all__ = [
 ]
 
 NBest = list[tuple[list[int], float]]
-
-
-@dataclass
-class Hypothesis:
-    text: str  # detokenized, with the source's leading/trailing whitespace restored
-    score: float  # length-normalised log-probability (0.0 for pass-through segments)
-    tokens: list[int]  # target ids without BOS/EOS
-
-
-class InputTooLongError(ValueError):
-    """A segment is over max_source_tokens; the message names it. Split long text before translating."""
 
 
 def physical_cores() -> int:
@@ -1590,24 +1580,6 @@ class Engine:
 
 
 # ------------------------------------------------------------------------------------ text level
-
-
-@dataclass
-class BatchItem:
-    """A text to admit into a RunningBatch; `key` (hashable, unique in the batch) names it."""
-
-    key: Any
-    text: str
-    options: DecodingOptions
-
-
-@dataclass
-class Finished:
-    """A RunningBatch item that left the batch: its n-best list, or the error that refused it."""
-
-    key: Any
-    hypotheses: list[Hypothesis] | None = None
-    error: Exception | None = None
 
 
 class RunningBatch:

@@ -30,8 +30,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from server.contract import BatchItem, DecodingOptions, InputTooLongError
+
 if TYPE_CHECKING:
-    from server.engine import DecodingOptions
     from server.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -445,7 +446,7 @@ class Scheduler:
                 raise RuntimeError(f"engine returned {len(outputs)} results for {len(batch)} texts")
         except Exception as e:
             elapsed = time.monotonic() - start
-            invalid = type(e).__name__ == "InputTooLongError"
+            invalid = isinstance(e, InputTooLongError)
             if not invalid:
                 log.exception("engine failed on a batch of %d segments", len(batch))
                 if self.metrics is not None:
@@ -651,7 +652,6 @@ class Scheduler:
     def _admit(self, sized: list[tuple[_Segment, _Size]], now: float) -> list[_Segment]:
         """Encode and merge the segments (with their sizes from _admission) into the running batch;
         returns those now running."""
-        from server.engine import BatchItem
 
         admit = [seg for seg, _ in sized]
         for seg, size in sized:
