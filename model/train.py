@@ -23,6 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import platform
 import random
 import shutil
 import signal
@@ -164,6 +166,21 @@ def load_release(model_dir: Path, device: str | torch.device = "cpu") -> Transfo
     state = {k: v.float() for k, v in load_file(str(model_dir / "model.safetensors")).items()}
     model.load_state_dict(state, strict=False)
     return model.to(device).eval()
+
+
+def hardware_name(device: torch.device) -> str:
+    """What trained the model, for the model card: the GPU's name, else the CPU model and core count."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpu = platform.processor() or "CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores"
 
 
 def tokenize_pairs(
@@ -339,6 +356,7 @@ def main(argv: list[str] | None = None) -> None:
                     "train_config": vars(cfg),
                     "parameters": model.num_parameters(),
                     "device": str(device),
+                    "hardware": hardware_name(device),
                     "threads": torch.get_num_threads(),
                     "train_pairs": len(train),
                 },

@@ -6,17 +6,16 @@ import shutil
 import pytest
 import torch
 
-from model import evaluate
-from model.corpus import Pair, write_splits
-from model.evaluate import (
-    Apertium,
-    apertium_pair,
+from bench import evaluate
+from bench.apertium import Apertium, apertium_pair
+from bench.evaluate import (
     corpus_scores,
     placeholder_stats,
     placeholders_preserved,
     sample_indices,
     score_system,
 )
+from model.corpus import Pair, write_splits
 from tests.test_tokenizer import make_train_texts
 
 
@@ -125,8 +124,14 @@ PAIRS = [
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("data")
-    pairs = [Pair(en, es, f"pkg{i % 2}", "1", "x.mo") for i, (en, es) in enumerate(PAIRS)]
-    write_splits(out, {"test": pairs})
+    # the first two test sources also occur in train (not novel); "Close" is a common string there
+    pairs = [Pair(en, es, f"pkg{i % 2}", "1", "x.mo", novel=i >= 2) for i, (en, es) in enumerate(PAIRS)]
+    train = [
+        Pair("Open %s", "Abrir %s", "a", "1", "x.mo", packages=("a", "b", "c")),
+        Pair("Close the window", "Cerrar la ventana", "a", "1", "x.mo", packages=("a", "b")),
+        Pair("Close", "Cerrar", "a", "1", "x.mo", packages=("a", "b", "c", "d")),
+    ]
+    write_splits(out, {"train": train, "test": pairs})
     return out
 
 
@@ -166,8 +171,21 @@ def test_torch_backend_end_to_end(data_dir, model_dir, tmp_path, beam, capsys):
     assert [s["index"] for s in report["segments"]] == sample_indices(len(PAIRS), 4)
     assert all(isinstance(s["model"], str) for s in report["segments"])
     assert set(report["by_package"]) <= {"pkg0", "pkg1"}
+    # the novel view is the sample's pairs labelled novel by the corpus, scored on their own
+    novel_positions = [pos for pos, seg in enumerate(report["segments"]) if seg["novel"]]
+    assert model["novel"]["n"] == len(novel_positions) == report["sample"]["novel"]
+    assert 0 < len(novel_positions) < 4
+    # the commonest UI strings of train, ranked by packages, each with its accepted answers
+    common = report["common_strings"]
+    assert [item["source"] for item in common["items"]] == ["Close", "Open %s", "Close the window"]
+    assert common["items"][0] == {"source": "Close", "packages": 4, "accepted": ["cerrar"]}
+    scores = model["common_strings"]
+    assert (
+        scores["n"] == 3 and 0 <= scores["accepted"] <= 3 and len(scores["misses"]) == 3 - scores["accepted"]
+    )
+    assert model["repeated_word"]["count"] >= 0
     printed = capsys.readouterr().out
-    assert "BLEU" in printed and "examples:" in printed
+    assert "BLEU" in printed and "examples:" in printed and "common UI strings" in printed
 
 
 def test_missing_checkpoint_is_reported(data_dir, tmp_path):
@@ -240,3 +258,59 @@ def test_cli_with_apertium_side_by_side(data_dir, tiny_bundle, tmp_path, capsys)
     assert all(isinstance(s["apertium"], str) and s["apertium"] for s in report["segments"])
     printed = capsys.readouterr().out
     assert "apertium" in printed and "APER" in printed
+
+
+# --------------------------------------------------------------------------------------------
+# Model card: one command from the evaluations to the Markdown
+
+
+def test_model_card_is_rendered_from_the_evaluations(data_dir, tiny_checkpoint, tiny_bundle, tmp_path):
+    from bench import model_card
+
+    model = tmp_path / "tiny-card"
+    shutil.copytree(tiny_checkpoint, model)
+    history = [
+        {"step": 100, "epoch": 0, "valid_loss": 3.5, "valid_bleu": 10.0, "valid_chrf": 30.0,
+         "train_seconds": 60.0, "run": "init"},
+        {"step": 200, "epoch": 1, "valid_loss": 2.5, "valid_bleu": 20.5, "valid_chrf": 40.0,
+         "valid_bleu_all": 25.0, "valid_chrf_all": 45.0, "common_accepted_percent": 50.0,
+         "common_repeated_word": 1, "train_seconds": 120.0},
+    ]  # fmt: skip
+    training = {
+        "best": history[1], "history": history, "train_config": {"max_tokens": 3000}, "parameters": 123456,
+        "device": "cpu", "hardware": "Test CPU, 2 cores", "threads": 2, "train_pairs": 3,
+    }  # fmt: skip
+    (model / "training.json").write_text(json.dumps(training))
+    manifest = {
+        "sources": "test catalogs", "top_packages": 150, "pairs_after_cleaning": 12, "pairs_after_dedupe": 9,
+        "counts": {"train": 3, "valid": 0, "test": 6}, "novel": {"valid": 0, "test": 4},
+        "families": {"test": ["pkg"], "valid": []},
+    }  # fmt: skip
+    data = tmp_path / "data"
+    shutil.copytree(data_dir, data)
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    model_card.main(
+        [
+            "--model",
+            str(model),
+            "--data",
+            str(data),
+            "--bundle",
+            str(tiny_bundle),
+            "--n",
+            "0",
+            "--no-apertium",
+        ]
+    )
+    card = (model / "MODEL_CARD.md").read_text(encoding="utf-8")
+    report = json.loads((model / "eval.json").read_text(encoding="utf-8"))
+    fp32 = json.loads((model / "eval-fp32.json").read_text(encoding="utf-8"))
+    assert f"| {report['systems']['model']['bleu']:.2f} |" in card
+    assert f"| {fp32['systems']['model']['chrf']:.2f} |" in card and "ONNX engine, fp32" in card
+    assert "Test CPU, 2 cores" in card and "| 200 | 1 | 2.500 | 20.50 |" in card
+    assert "train 3, valid 0 (0 novel), test 6 (4 novel)" in card
+    # re-rendering from the kept reports gives the same card
+    model_card.main(
+        ["--model", str(model), "--data", str(data), "--bundle", str(tiny_bundle), "--no-evaluate"]
+    )
+    assert (model / "MODEL_CARD.md").read_text(encoding="utf-8") == card

@@ -1,49 +1,41 @@
-"""Score a checkpoint on a corpus split: BLEU, chrF and placeholder preservation, optionally next to Apertium.
+"""Evaluate a model the way its users meet it, side by side with Apertium, in one run.
 
-    python -m model.evaluate --model models/en-es-small --data data --split test --n 1000 --beam 4 \\
+    python -m bench.evaluate --model models/en-es-small --data data --split test --n 1000 --beam 4 \\
         [--apertium] [--bundle bundles/en-es-small --variant int8] [--json out.json]
 
-Sample: ``--n`` pairs drawn with ``random.Random(seed).sample`` over the split's line indices
-(default seed 20240607, kept in the output), evaluated in corpus order; ``--n 0`` takes the whole split.
+What it reports, for the model and (``--apertium``) for Apertium on the very same inputs:
+  * BLEU / chrF (sacrebleu defaults; signatures printed and stored) on a sample of the split, on all of
+    it and on its *novel* part: pairs whose normalised source never occurs in train (the corpus labels
+    them; train keeps every pair, so common strings are in both views); and chrF/BLEU by package;
+  * the commonest UI strings: the 200 sources shipped by the most training packages
+    (``model.common_strings``), exact match against any translation >= 2 packages give (case and final
+    punctuation ignored);
+  * the share of outputs with a repeated word (``Guardar Guardar``, ``Archivo de archivo``: a 3+ letter
+    word repeated more often than in the reference), on the sample and on the common strings;
+  * placeholder preservation: among sources with placeholders (``runtime.tokenizer.find_placeholders``:
+    printf/Qt/brace/Python/shell placeholders, markup tags, entities), the share whose placeholders all
+    appear unchanged in the output, as a multiset.
 
-Metrics (all on the same sample):
-  * corpus BLEU and chrF from sacrebleu (default settings: BLEU 13a tokenisation, chrF n=6 beta=2);
-    the signatures are printed and stored;
-  * placeholder preservation rate: among sources that contain placeholders
-    (``model.tokenizer.find_placeholders``: printf/Qt/brace/Python/shell placeholders, markup tags,
-    entities), the share whose placeholders all appear unchanged in the output, as a multiset (every
-    placeholder at least as many times as in the source; extra ones are not counted against it).
+Sample: ``--n`` pairs drawn with ``random.Random(seed).sample`` over the split's line indices (default
+seed 20240607, kept in the output), evaluated in corpus order; ``--n 0`` takes the whole split.
 
-Backends for the model:
-  * ``torch`` (default): ``model.train.load_release`` on a snapshot of ``--model`` (copied first: the
-    trainer rewrites it whenever validation improves), then ``model.decode.beam_search`` (``--beam 1``:
-    ``greedy_decode``) over batches of similar length;
-  * ``onnx``: with ``--bundle``, ``server.engine.Engine`` (imported only then) with ``--variant``.
-
-``--apertium`` also translates the sample with Apertium (Debian packages ``apertium`` and
-``apertium-eng-spa``; the Debian mode is called ``eng-spa``, not ``en-es``). One pipeline serves the
-whole sample: each segment is deformatted with ``apertium-destxt`` (one process per segment: it drops
-NUL bytes), fed to the pair's mode pipeline run in null-flush mode (``apertium-wblank-mode -z``, one
-NUL-terminated segment per flush) and reformatted with ``apertium-retxt``. That is exactly what
-``apertium -u eng-spa`` does for one segment, without reloading the transducers each time. (``apertium
--z`` itself does not work for this: its txt deformatter drops the NULs and its gawk wrapper does not
-flush.) ``--apertium-mode per-segment`` runs ``apertium -u <pair>`` once per segment instead.
+Backends for the model: ``torch`` (default; ``model.train.load_release`` on a snapshot of ``--model``,
+then the reference ``model.decode`` search) or, with ``--bundle``, the serving engine
+(``server.engine.Engine``) with ``--variant`` (fp32, int8). Decoding defaults are the model's own
+(``decoding.json`` / the bundle manifest), chosen on valid. Apertium: ``bench.apertium``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import select
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,13 +43,13 @@ from pathlib import Path
 import sacrebleu
 from tqdm import tqdm
 
+from bench.apertium import Apertium
+from model.common_strings import load_common_strings, repeated_word, score_common_strings
 from model.corpus import read_split
-from model.tokenizer import MODEL_FILE, find_placeholders
 from runtime.bundle import sha256_file
+from runtime.tokenizer import MODEL_FILE, find_placeholders
 
 DEFAULT_SEED = 20240607
-APERTIUM_DATADIR = Path(os.environ.get("APERTIUM_DATADIR", "/usr/share/apertium"))
-APERTIUM_PAIRS = ("en-es", "eng-spa")  # first one installed wins
 RELEASE_FILES = ("config.json", "model.safetensors", MODEL_FILE, "training.json")
 
 
@@ -103,9 +95,17 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
     }
 
 
+def repeated_word_share(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
+    """Outputs repeating a word more often than their reference (`model.common_strings.repeated_word`)."""
+    hits = [repeated_word(h, r) for h, r in zip(hypotheses, references, strict=True)]
+    count = sum(hit is not None for hit in hits)
+    return {"count": count, "percent": round(100.0 * count / max(len(hits), 1), 2)}
+
+
 def score_system(sources: Sequence[str], references: Sequence[str], hypotheses: Sequence[str]) -> dict:
     scores = corpus_scores(hypotheses, references)
     scores["placeholders"] = placeholder_stats(sources, hypotheses)
+    scores["repeated_word"] = repeated_word_share(hypotheses, references)
     return scores
 
 
@@ -264,129 +264,6 @@ def translate_onnx(
     return Translation(outputs, time.perf_counter() - started, info)
 
 
-# --------------------------------------------------------------------------------------------
-# Apertium
-
-
-def apertium_pair(datadir: Path = APERTIUM_DATADIR) -> str:
-    """The installed English->Spanish mode: ``en-es`` where it exists, else Debian's ``eng-spa``."""
-    if shutil.which("apertium") is None:
-        raise RuntimeError("apertium is not installed (apt-get install -y apertium apertium-eng-spa)")
-    for pair in APERTIUM_PAIRS:
-        if (datadir / "modes" / f"{pair}.mode").exists():
-            return pair
-    found = sorted(p.stem for p in (datadir / "modes").glob("*.mode"))
-    raise RuntimeError(
-        f"no English->Spanish Apertium mode in {datadir / 'modes'} (found {found}); "
-        "apt-get install -y apertium-eng-spa"
-    )
-
-
-def _run(cmd: list[str], data: bytes, timeout: float = 60) -> bytes:
-    return subprocess.run(cmd, input=data, capture_output=True, check=True, timeout=timeout).stdout
-
-
-class Apertium:
-    """English->Spanish Apertium, one segment at a time (see the module docstring).
-
-    ``mode="stream"`` keeps one null-flush pipeline for all segments; ``mode="per-segment"`` runs
-    ``apertium -u <pair>`` for each segment. Both give identical output; stream is ~20x faster.
-    Unknown words are not marked (``-u``). Use as a context manager or call ``close()``.
-    """
-
-    def __init__(self, pair: str | None = None, mode: str = "stream", timeout: float = 120.0) -> None:
-        if mode not in ("stream", "per-segment"):
-            raise ValueError(f"unknown Apertium mode {mode!r}")
-        self.pair = pair or apertium_pair()
-        self.mode = mode
-        self.timeout = timeout
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._pending = b""
-        if mode == "stream":
-            mode_file = APERTIUM_DATADIR / "modes" / f"{self.pair}.mode"
-            script = subprocess.run(
-                ["apertium-wblank-mode", "-z", str(mode_file)], capture_output=True, text=True, check=True
-            ).stdout.strip()
-            self._stderr = tempfile.TemporaryFile()
-            # $1 = generator option (-n: no unknown-word marks, as `apertium -u`), $2 = tagger option.
-            self._proc = subprocess.Popen(
-                ["bash", "-c", script, "apertium", "-n", ""],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=self._stderr,
-            )
-
-    def version(self) -> str:
-        out = subprocess.run(["apertium", "-V"], capture_output=True, text=True)
-        package = subprocess.run(
-            ["dpkg-query", "-W", "-f=${Version}", "apertium-eng-spa"], capture_output=True, text=True
-        )
-        return f"apertium {out.stdout.strip()}, apertium-eng-spa {package.stdout.strip() or '?'}"
-
-    def translate(self, text: str) -> str:
-        text = text.replace("\0", "")
-        if not text.strip():
-            return text
-        if self.mode == "per-segment":
-            return _run(["apertium", "-u", self.pair], text.encode(), self.timeout).decode()
-        deformatted = _run(["apertium-destxt"], text.encode())
-        translated = self._stream(deformatted)
-        return _run(["apertium-retxt"], translated).decode()
-
-    def _stream(self, deformatted: bytes) -> bytes:
-        proc = self._proc
-        assert proc is not None and proc.stdin is not None and proc.stdout is not None
-        if proc.poll() is not None:
-            raise RuntimeError(f"Apertium pipeline exited with {proc.returncode}: {self._error()}")
-        proc.stdin.write(deformatted + b"\0")
-        proc.stdin.flush()
-        fd = proc.stdout.fileno()
-        deadline = time.monotonic() + self.timeout
-        while b"\0" not in self._pending:
-            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
-                raise TimeoutError(f"Apertium gave no output in {self.timeout} s: {self._error()}")
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                raise RuntimeError(f"Apertium pipeline closed its output: {self._error()}")
-            self._pending += chunk
-        result, self._pending = self._pending.split(b"\0", 1)
-        return result
-
-    def _error(self) -> str:
-        self._stderr.seek(0)
-        return self._stderr.read().decode("utf-8", "replace").strip()[-500:]
-
-    def translate_all(
-        self, texts: Sequence[str], progress: Callable[[int], object] | None = None
-    ) -> list[str]:
-        out = []
-        for text in texts:
-            out.append(self.translate(text))
-            if progress:
-                progress(1)
-        return out
-
-    def close(self) -> None:
-        if self._proc is not None:
-            assert self._proc.stdin is not None
-            self._proc.stdin.close()
-            try:
-                self._proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-            self._proc.stdout.close()  # type: ignore[union-attr]
-            self._stderr.close()
-            self._proc = None
-
-    def __enter__(self) -> Apertium:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 def translate_apertium(texts: list[str], pair: str | None, mode: str) -> Translation:
     with Apertium(pair, mode) as apertium, _progress(len(texts), f"apertium ({mode})") as bar:
         started = time.perf_counter()
@@ -423,19 +300,37 @@ def print_report(report: dict, sources: list[str], references: list[str], hyps: 
     sample = report["sample"]
     print(
         f"\n{report['split']} split of {report['data']}: {sample['n']} of {sample['total']} pairs "
-        f"(seed {sample['seed']}), {sample['with_placeholders']} sources with placeholders"
+        f"(seed {sample['seed']}), {sample['novel']} novel, {sample['with_placeholders']} with placeholders"
     )
     names = list(systems)
     width = max(12, *map(len, names))
-    header = f"{'BLEU':>6}  {'chrF':>6}  {'placeholders kept':>22}  {'seconds':>8}  {'seg/s':>6}"
+    header = (
+        f"{'BLEU':>6}  {'chrF':>6}  {'novel BLEU':>10}  {'novel chrF':>10}  {'placeholders kept':>22}  "
+        f"{'repeats':>7}  {'common UI':>9}  {'seconds':>8}"
+    )
     print(f"\n{'system':<{width}}  {header}")
     for name in names:
-        s = systems[name]
+        s, novel, common = systems[name], systems[name]["novel"], systems[name]["common_strings"]
         print(
-            f"{name:<{width}}  {s['bleu']:6.2f}  {s['chrf']:6.2f}  {_fmt_rate(s['placeholders']):>22}  "
-            f"{s['seconds']:8.1f}  {sample['n'] / max(s['seconds'], 1e-9):6.1f}"
+            f"{name:<{width}}  {s['bleu']:6.2f}  {s['chrf']:6.2f}  "
+            f"{novel['bleu']:10.2f}  {novel['chrf']:10.2f}  "
+            f"{_fmt_rate(s['placeholders']):>22}  {s['repeated_word']['percent']:6.1f}%  "
+            f"{common['accepted_percent']:8.1f}%  {s['seconds']:8.1f}"
         )
-    print(f"{'reference':<{width}}  {'':>6}  {'':>6}  {_fmt_rate(report['reference_placeholders']):>22}")
+    print(
+        f"{'reference':<{width}}  {'':>6}  {'':>6}  {'':>10}  {'':>10}  "
+        f"{_fmt_rate(report['reference_placeholders']):>22}"
+    )
+    common = report["common_strings"]
+    print(
+        f"\ncommon UI strings: {common['n']} sources shipped by the most training packages; accepted = a "
+        f"translation >= 2 packages give (case, final punctuation ignored). Outputs with a repeated word: "
+        + ", ".join(f"{name} {systems[name]['common_strings']['repeated_word']}" for name in names)
+    )
+    for name in names:
+        misses = systems[name]["common_strings"]["misses"]
+        shown = "; ".join(f"{m['source']!r} -> {m['output']!r}" for m in misses[:8])
+        print(f"  {name} misses ({len(misses)}): {shown}")
     print(f"\nBLEU: {report['signatures']['bleu']}\nchrF: {report['signatures']['chrf']}")
     by_package = report["by_package"]
     if by_package:
@@ -451,54 +346,69 @@ def print_report(report: dict, sources: list[str], references: list[str], hyps: 
         print()
 
 
+def _split_meta(data: Path, split: str, n_pairs: int) -> tuple[list[str | None], list[bool | None]]:
+    """Package and novel flag of each pair of a split, from {split}.jsonl (None where unknown)."""
+    meta_path = data / f"{split}.jsonl"
+    if not meta_path.exists():
+        return [None] * n_pairs, [None] * n_pairs
+    rows = [json.loads(line) for line in meta_path.read_text(encoding="utf-8").splitlines()]
+    if len(rows) != n_pairs:
+        return [None] * n_pairs, [None] * n_pairs
+    return [r.get("package") for r in rows], [r.get("novel") for r in rows]
+
+
+def translate_model(args: argparse.Namespace, texts: list[str]) -> Translation:
+    if args.bundle:
+        return translate_onnx(
+            args.bundle, args.variant, texts, args.beam, args.length_penalty, args.batch_size, args.device,
+            args.threads,
+        )  # fmt: skip
+    if args.model is None:
+        raise SystemExit("--model (or --bundle) is required")
+    return translate_torch(args.model, texts, args.beam, args.length_penalty, args.batch_size, args.device)
+
+
 def evaluate(args: argparse.Namespace) -> dict:
     pairs = read_split(args.data, args.split)
-    packages: list[str | None] = [None] * len(pairs)
-    meta_path = args.data / f"{args.split}.jsonl"
-    if meta_path.exists():
-        lines = meta_path.read_text(encoding="utf-8").splitlines()
-        if len(lines) == len(pairs):
-            packages = [json.loads(line).get("package") for line in lines]
+    packages, novel_flags = _split_meta(args.data, args.split, len(pairs))
     indices = sample_indices(len(pairs), args.n, args.seed)
     sources = [pairs[i][0] for i in indices]
     references = [pairs[i][1] for i in indices]
+    novel = [pos for pos, i in enumerate(indices) if novel_flags[i]]
+    common = load_common_strings(args.data, args.common) if (args.data / "train.jsonl").exists() else []
     print(
-        f"evaluating on {len(indices)} of {len(pairs)} {args.split} pairs (seed {args.seed})", file=sys.stderr
+        f"evaluating on {len(indices)} of {len(pairs)} {args.split} pairs (seed {args.seed}; {len(novel)} "
+        f"novel) and {len(common)} common UI strings",
+        file=sys.stderr,
     )
-
-    runs: dict[str, Translation] = {}
-    if args.bundle:
-        runs["model"] = translate_onnx(
-            args.bundle,
-            args.variant,
-            sources,
-            args.beam,
-            args.length_penalty,
-            args.batch_size,
-            args.device,
-            args.threads,
-        )
-    else:
-        if args.model is None:
-            raise SystemExit("--model (or --bundle) is required")
-        runs["model"] = translate_torch(
-            args.model, sources, args.beam, args.length_penalty, args.batch_size, args.device
-        )
+    inputs = sources + [c.source for c in common]  # one call per system: the timing covers both
+    runs: dict[str, Translation] = {"model": translate_model(args, inputs)}
     if args.apertium:
-        runs["apertium"] = translate_apertium(sources, args.apertium_pair, args.apertium_mode)
+        runs["apertium"] = translate_apertium(inputs, args.apertium_pair, args.apertium_mode)
 
-    systems = {}
+    systems, signatures = {}, {}
     for name, run in runs.items():
-        scores = score_system(sources, references, run.hypotheses)
+        hyps, common_hyps = run.hypotheses[: len(sources)], run.hypotheses[len(sources) :]
+        scores = score_system(sources, references, hyps)
+        novel_scores = corpus_scores([hyps[p] for p in novel], [references[p] for p in novel])
         systems[name] = {
             "bleu": round(scores["bleu"], 2),
             "chrf": round(scores["chrf"], 2),
             "bleu_detail": scores["bleu_detail"],
+            "novel": {
+                "n": len(novel),
+                "bleu": round(novel_scores["bleu"], 2),
+                "chrf": round(novel_scores["chrf"], 2),
+                "bleu_detail": novel_scores["bleu_detail"],
+            },
             "placeholders": scores["placeholders"],
+            "repeated_word": scores["repeated_word"],
+            "common_strings": score_common_strings(common, common_hyps),
             "seconds": round(run.seconds, 2),
             **run.info,
         }
         signatures = {"bleu": scores["bleu_signature"], "chrf": scores["chrf_signature"]}
+        run.hypotheses = hyps
 
     groups: dict[str, list[int]] = defaultdict(list)
     for pos, i in enumerate(indices):
@@ -521,12 +431,23 @@ def evaluate(args: argparse.Namespace) -> dict:
             "requested": args.n,
             "total": len(pairs),
             "seed": args.seed,
+            "novel": len(novel),
             "rule": "sorted(random.Random(seed).sample(range(total), n)); n <= 0 or n >= total: all",
+            "novel_rule": "the sample's pairs whose normalised source never occurs in train (corpus label)",
             "with_placeholders": reference_placeholders["with_placeholders"],
         },
         "signatures": signatures,
-        "placeholder_rule": "share of sources with placeholders (model.tokenizer.find_placeholders) whose "
+        "placeholder_rule": "share of sources with placeholders (runtime.tokenizer.find_placeholders) whose "
         "placeholders all appear in the output, as a multiset",
+        "repeated_word_rule": "outputs with a 3+ letter word repeated more often than in the reference",
+        "common_strings": {
+            "n": len(common),
+            "rule": "sources shipped by the most training packages; accepted = any translation >= 2 "
+            "packages give, case and final punctuation ignored (model.common_strings)",
+            "items": [
+                {"source": c.source, "packages": c.packages, "accepted": list(c.accepted)} for c in common
+            ],
+        },
         "systems": systems,
         "reference_placeholders": reference_placeholders,
         "by_package": by_package,
@@ -535,6 +456,7 @@ def evaluate(args: argparse.Namespace) -> dict:
             {
                 "index": i,
                 "package": packages[i],
+                "novel": novel_flags[i],
                 "source": sources[pos],
                 "reference": references[pos],
                 **{name: run.hypotheses[pos] for name, run in runs.items()},
@@ -583,6 +505,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--apertium", action="store_true", help="also translate the sample with Apertium")
     parser.add_argument("--apertium-pair", default=None, help="Apertium mode (default: en-es or eng-spa)")
     parser.add_argument("--apertium-mode", choices=["stream", "per-segment"], default="stream")
+    parser.add_argument("--common", type=int, default=200, help="common UI strings to check (0: none)")
     parser.add_argument("--examples", type=int, default=6, help="example translations to print")
     parser.add_argument("--json", type=Path, help="write the full report (scores and outputs) here")
     args = parser.parse_args(argv)
@@ -597,7 +520,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     report = evaluate(args)
     report["total_seconds"] = round(time.perf_counter() - started, 1)
-    report["command"] = sys.argv if argv is None else ["python", "-m", "model.evaluate", *argv]
+    report["command"] = sys.argv if argv is None else ["python", "-m", "bench.evaluate", *argv]
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
