@@ -314,3 +314,25 @@ def test_model_card_is_rendered_from_the_evaluations(data_dir, tiny_checkpoint, 
         ["--model", str(model), "--data", str(data), "--bundle", str(tiny_bundle), "--no-evaluate"]
     )
     assert (model / "MODEL_CARD.md").read_text(encoding="utf-8") == card
+
+
+def test_tune_decoding_picks_the_smallest_alpha_near_the_best_on_valid(data_dir, tiny_checkpoint, tmp_path):
+    from bench import tune_decoding
+
+    assert tune_decoding.choose({0.6: 30.0, 1.0: 30.25, 1.4: 30.4, 2.0: 29.0}, 0.2) == 1.0
+    assert tune_decoding.choose({0.6: 30.0, 1.0: 29.0}, 0.2) == 0.6
+    assert (
+        tune_decoding.brevity_penalty("BLEU = 35.82 67.5/45.9/33.6/24.5 (BP = 0.896 ratio = 0.901") == 0.896
+    )
+    model = tmp_path / "m"
+    shutil.copytree(tiny_checkpoint, model)
+    data = tmp_path / "data"
+    shutil.copytree(data_dir, data)
+    shutil.copy(data / "test.en", data / "valid.en")
+    shutil.copy(data / "test.es", data / "valid.es")
+    shutil.copy(data / "test.jsonl", data / "valid.jsonl")
+    tune_decoding.main(["--model", str(model), "--data", str(data), "--n", "3", "--alphas", "0.6", "1.4"])
+    decoding = json.loads((model / "decoding.json").read_text())
+    assert decoding["tuning"]["split"] == "valid"
+    assert set(decoding["tuning"]["by_alpha"]) == {"0.6", "1.4"}
+    assert decoding["defaults"]["length_penalty"] in (0.6, 1.4) and decoding["defaults"]["beam_size"] == 4
