@@ -83,7 +83,7 @@ RUN groupadd --system --gid 10001 translator \
 COPY --from=build /bundles/ /opt/translator/bundles/
 COPY deploy/healthcheck.py /opt/translator/healthcheck.py
 ENV TRANSLATOR_MODEL_DIR=/opt/translator/bundles/${MODEL_NAME} \
-    TRANSLATOR_BUNDLES_DIR=/tmp/bundles \
+    TRANSLATOR_BUNDLES_DIR=/opt/translator/bundles \
     TRANSLATOR_HOST=0.0.0.0 \
     TRANSLATOR_PORT=50051 \
     TRANSLATOR_METRICS_PORT=8000 \
@@ -119,10 +119,11 @@ RUN groupadd --system --gid 10001 translator \
  && useradd --system --uid 10001 --gid translator --no-create-home --shell /usr/sbin/nologin translator
 COPY --from=build /bundles/ /opt/translator/bundles/
 COPY deploy/healthcheck.py /opt/translator/healthcheck.py
-# The bundle is baked in; TRANSLATOR_MODEL_DIR can point at a mounted bundle instead. Checkpoint
-# dirs are not supported here (exporting needs torch, which only the build stage has).
+# The bundle is baked in (the image's model store is /opt/translator/bundles); TRANSLATOR_MODEL_DIR can
+# point at a mounted bundle instead. The server serves bundles only: a checkpoint dir fails the start
+# with the `python -m export` command to run (exporting needs torch, which only the build stage has).
 ENV TRANSLATOR_MODEL_DIR=/opt/translator/bundles/${MODEL_NAME} \
-    TRANSLATOR_BUNDLES_DIR=/tmp/bundles \
+    TRANSLATOR_BUNDLES_DIR=/opt/translator/bundles \
     TRANSLATOR_HOST=0.0.0.0 \
     TRANSLATOR_PORT=50051 \
     TRANSLATOR_METRICS_PORT=8000 \

@@ -45,7 +45,8 @@ $(BUNDLE)/manifest.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(MODEL
 bundle: $(BUNDLE)/manifest.json
 
 # TRANSLATOR_MODEL_DIR, TRANSLATOR_HOST, TRANSLATOR_PORT, TRANSLATOR_METRICS_PORT (and the other
-# TRANSLATOR_* variables) are read by the server itself.
+# TRANSLATOR_* variables) are read by the server itself. The server serves bundles only and never
+# exports (server/store.py), so without TRANSLATOR_MODEL_DIR the bundle is (re-)exported here first.
 run serve: install
 	@if [ -z "$$TRANSLATOR_MODEL_DIR" ]; then $(MAKE) --no-print-directory bundle; fi
 	$(PY) -m server
@@ -62,17 +63,17 @@ train: install
 	  --valid-bleu-sentences 400 $(TRAIN_ARGS)
 
 evaluate: install system-deps
-	$(PY) -m model.evaluate --model $(MODEL) --data $(DATA) --split test --n 1000 --beam 4 --apertium \
+	$(PY) -m bench.evaluate --model $(MODEL) --data $(DATA) --split test --n 1000 --beam 4 --apertium \
 	  --json $(MODEL)/eval.json
 
 bench: install bundle
-	$(PY) -m export.bench --model $(MODEL) --bundle $(BUNDLE) --json bench.json
+	$(PY) -m bench.engine_speed --model $(MODEL) --bundle $(BUNDLE) --json bench.json
 
 # Servers on CPU 1 (1 ONNX Runtime thread each, one busy at a time), load generator on the others.
 bench-batching: install bundle
-	$(PY) -m export.step_cost --bundle $(BUNDLE) --threads 1 --json bench-step-cost.json
-	$(PY) -m export.saturation --bundle $(BUNDLE) --threads 1 --json bench-saturation.json
-	$(PY) -m client.bench_batching --model-dir $(BUNDLE) --out bench-batching.json --server-cpus 1 --threads 1
+	$(PY) -m bench.step_cost --bundle $(BUNDLE) --threads 1 --json bench-step-cost.json
+	$(PY) -m bench.saturation --bundle $(BUNDLE) --threads 1 --json bench-saturation.json
+	$(PY) -m bench.batching --model-dir $(BUNDLE) --out bench-batching.json --server-cpus 1 --threads 1
 
 proto: install
 	$(PY) -m proto.generate

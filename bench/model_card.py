@@ -25,7 +25,9 @@ REPORTS = {"torch": "eval.json", "fp32": "eval-fp32.json", "int8": "eval-int8.js
 def run_evaluations(args: argparse.Namespace) -> None:
     common = ["--data", str(args.data), "--split", "test", "--n", str(args.n), "--beam", str(args.beam)]
     apertium = [] if args.no_apertium else ["--apertium"]
-    evaluate.main(["--model", str(args.model), *common, *apertium, "--json", str(args.model / REPORTS["torch"])])
+    evaluate.main(
+        ["--model", str(args.model), *common, *apertium, "--json", str(args.model / REPORTS["torch"])]
+    )
     variants = json.loads((args.bundle / "manifest.json").read_text())["variants"]
     for variant in [v for v in ("fp32", "int8") if v in variants]:
         evaluate.main(

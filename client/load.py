@@ -5,7 +5,7 @@
 
 Closed loop (--concurrency N): N workers each send a request as soon as the previous one returns.
 Open loop (--rate R): requests start every 1/R s whatever the answers (at most --max-in-flight pending).
-Sentences come from data/test.en (model.corpus.read_split) when present, else client/sample.en.
+Sentences come from data/test.en (runtime.splits.read_split) when present, else client/sample.en.
 
 Batching on vs off: start two servers and give both targets; they are measured one after the other:
 
@@ -22,6 +22,7 @@ import asyncio
 import json
 import os
 import random
+import socket
 import sys
 import time
 from collections import Counter
@@ -36,9 +37,16 @@ SAMPLE = Path(__file__).resolve().parent / "sample.en"
 
 
 def load_sentences(data_dir: Path | None = None, max_chars: int = 200) -> list[str]:
-    from model.corpus import source_sentences
+    from runtime.splits import source_sentences
 
     return source_sentences(data_dir or REPO_ROOT / "data", SAMPLE, max_chars)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now, for a server started next to the load generator."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -287,8 +287,11 @@ def draw_timeseries(fig, panel, series, unit, box, time_range) -> None:
 
 
 def default_model_dir() -> Path:
-    bundle = REPO_ROOT / "bundles" / "en-es-small"
-    return bundle if (bundle / "manifest.json").is_file() else REPO_ROOT / "models" / "en-es-small"
+    """bundles/en-es-small, checked as the server checks it (server/store.py): a missing or stale
+    bundle raises StoreError naming the command that exports it (`make bundle`)."""
+    from server.store import resolve_bundle
+
+    return resolve_bundle()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m deploy.render_dashboard", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
-        "--model-dir", type=Path, default=None, help="bundle or checkpoint (default: the shipped)"
+        "--model-dir", type=Path, default=None, help="model bundle (default: bundles/en-es-small)"
     )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "dashboard.png")
     parser.add_argument("--scale", type=float, default=1.0, help="traffic duration factor (1 = ~150 s)")
@@ -308,7 +311,13 @@ def main(argv: list[str] | None = None) -> int:
         help="server queue size (small, so the overload phase shows back-pressure)",
     )
     args = parser.parse_args(argv)
-    model_dir = args.model_dir or default_model_dir()
+    from server.store import StoreError
+
+    try:
+        model_dir = args.model_dir or default_model_dir()
+    except StoreError as e:
+        print(f"python -m deploy.render_dashboard: {e}", file=sys.stderr)
+        return 1
     dashboard = load_dashboard()
     with tempfile.TemporaryDirectory(prefix="render-dashboard-") as tmp:
         tmp = Path(tmp)
@@ -316,7 +325,6 @@ def main(argv: list[str] | None = None) -> int:
         env = {
             **os.environ,
             "TRANSLATOR_MODEL_DIR": str(model_dir),
-            "TRANSLATOR_BUNDLES_DIR": str(tmp / "bundles"),
             "TRANSLATOR_HOST": "127.0.0.1",
             "TRANSLATOR_PORT": str(grpc_port),
             "TRANSLATOR_METRICS_PORT": str(metrics_port),

@@ -1,6 +1,6 @@
 """Build an inference bundle from a released model directory (config.json + model.safetensors +
 tokenizer.model, as written by model/train.py `save_release`). See export/__main__.py for the CLI and
-server/bundle.py for the layout."""
+runtime/bundle.py for the layout."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
+from export import cache_graphs, precision, verify
 from export import onnx_export as ox
 from model.model import Transformer
 from model.tokenizer import MODEL_FILE, Tokenizer
@@ -93,7 +94,7 @@ def export_bundle(
     num_hypotheses: int = 1,
     length_penalty: float = 0.6,
     optimize: bool = False,
-    int8_block_size: int = ox.INT8_BLOCK_SIZE,
+    int8_block_size: int = precision.INT8_BLOCK_SIZE,
     data_dir: Path | None = None,
     parity_sentences: int = 16,
     threads: int = 1,
@@ -233,7 +234,7 @@ def _build(
                     for g, dst in (("encoder", enc), ("decoder", dec)):
                         stats = _step(
                             f"optimize {g}",
-                            lambda g=g, dst=dst: ox.optimize_graph(raw / f"{g}.onnx", dst, model),
+                            lambda g=g, dst=dst: precision.optimize_graph(raw / f"{g}.onnx", dst, model),
                         )
                         info["optimizer"][g] = {k: v for k, v in stats.items() if v}
                 else:
@@ -244,33 +245,33 @@ def _build(
                 for g, dst in (("encoder", enc), ("decoder", dec)):
                     _step(
                         f"int8 {g}",
-                        lambda g=g, dst=dst: ox.quantize_int8(raw / f"{g}.onnx", dst, int8_block_size),
+                        lambda g=g, dst=dst: precision.quantize_int8(raw / f"{g}.onnx", dst, int8_block_size),
                     )
                 elem = onnx.TensorProto.FLOAT
             else:
                 for g, dst in (("encoder", enc), ("decoder", dec)):
-                    _step(f"fp16 {g}", lambda g=g, dst=dst: ox.convert_fp16(raw / f"{g}.onnx", dst))
+                    _step(f"fp16 {g}", lambda g=g, dst=dst: precision.convert_fp16(raw / f"{g}.onnx", dst))
                 elem = onnx.TensorProto.FLOAT16
-            ox.make_cache_graph(vdir / "cache.onnx", 2 * n_layers, elem)
-            ox.make_kv_rows_graph(vdir / "kv_rows.onnx", 2 * n_layers, elem)
-            ox.make_kv_step_graph(vdir / "kv_step.onnx", 2 * n_layers, elem)
+            cache_graphs.make_cache_graph(vdir / "cache.onnx", 2 * n_layers, elem)
+            cache_graphs.make_kv_rows_graph(vdir / "kv_rows.onnx", 2 * n_layers, elem)
+            cache_graphs.make_kv_step_graph(vdir / "kv_step.onnx", 2 * n_layers, elem)
             for path in (enc, dec, *(vdir / f"{g}.onnx" for g in ("cache", *OPTIONAL_GRAPHS))):
-                ox.check_graph(path)
+                verify.check_graph(path)
             info["variants"][variant] = {g: f"{variant}/{g}.onnx" for g in (*GRAPHS, *OPTIONAL_GRAPHS)}
             info["variants"][variant]["precision"] = {
                 "fp32": "float32",
                 "int8": f"8-bit weight-only MatMulNBits (symmetric, per-channel blocks of {int8_block_size} "
                 f"along K), int8 compute with activations quantized per row and block (accuracy_level "
-                f"{ox.INT8_ACCURACY_LEVEL}: batch-invariant), float32 K/V cache",
+                f"{precision.INT8_ACCURACY_LEVEL}: batch-invariant), float32 K/V cache",
                 "fp16": "float16 weights and K/V cache; float32 ids, bias, scores, log-softmax and top-k",
             }[variant]
             info["node_counts"][variant] = {
-                g: ox.node_count(vdir / f"{g}.onnx") for g in ("encoder", "decoder")
+                g: verify.node_count(vdir / f"{g}.onnx") for g in ("encoder", "decoder")
             }
             try:
                 p = _step(
                     f"{variant} parity vs PyTorch",
-                    lambda enc=enc, dec=dec: ox.parity(model, enc, dec, sources, threads),
+                    lambda enc=enc, dec=dec: verify.parity(model, enc, dec, sources, threads),
                 )
             except Exception as e:  # noqa: BLE001 - e.g. fp16 kernels missing on the CPU provider
                 if variant == "fp32":

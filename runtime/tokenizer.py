@@ -32,6 +32,8 @@ MARKUP_TAGS = {
     "head", "big", "small", "sub", "sup", "ul", "ol", "li", "nl", "para", "emphasis", "center", "font",
     "h1", "h2", "h3", "pre", "table", "tr", "td", "th", "hr", "img", "title", "link", "ulink", "literal",
 }  # fmt: skip
+
+
 def find_placeholders(text: str) -> list[str]:
     """Placeholders and markup in order of appearance (used to check they survive translation)."""
     return PLACEHOLDER_PATTERN.findall(text)

@@ -1,8 +1,9 @@
 """python -m server [--model-dir DIR] [--host H] [--port 50051] [--metrics-port 8000] ...
 
 Every flag also reads a TRANSLATOR_* environment variable; `python -m server --help` lists them.
-Exit status: 0 after a graceful shutdown (SIGTERM/SIGINT), 1 if the model failed to load, 2 for bad
-configuration.
+Exit status: 0 after a graceful shutdown (SIGTERM/SIGINT), 1 if there is no bundle to serve (the log
+line says which command makes it: the server does not export checkpoints) or the model failed to load,
+2 for bad configuration.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import logging
 import signal
 import sys
 
-from server.app import TranslatorServer, setup_logging
+from server.app import TranslatorServer
 from server.config import load_config
+from server.logs import setup_logging
 
 log = logging.getLogger("server")
 

@@ -1,19 +1,17 @@
 """Wiring: gRPC server, health and reflection, metrics endpoint, model loading, graceful shutdown.
 
-Startup: the gRPC port opens first with health NOT_SERVING (Translate answers UNAVAILABLE); the model
-is resolved (exported from a checkpoint if needed), loaded and warmed up in a worker thread; then health
-turns SERVING. Shutdown: health NOT_SERVING, optional drain delay, stop accepting RPCs, let in-flight
-ones finish within the grace period, stop the engine worker.
+Startup: the bundle to serve is resolved first (server/store.py; no bundle, e.g. a training checkpoint
+or a stale default bundle, fails the start with the command that makes one); then the gRPC port opens
+with health NOT_SERVING (Translate answers UNAVAILABLE) while the model is loaded and warmed up in a
+worker thread; then health turns SERVING. Shutdown: health NOT_SERVING, optional drain delay, stop
+accepting RPCs, let in-flight ones finish within the grace period, stop the engine worker.
+Logging (JSON lines) is set up by server/logs.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,142 +23,21 @@ from grpc_reflection.v1alpha import reflection
 
 from proto.gen.translator.v1 import translator_pb2_grpc as pb_grpc
 from server.auth import BearerTokenInterceptor
-from server.config import (
-    DEFAULT_BUNDLES_DIR,
-    DEFAULT_CHECKPOINT_DIR,
-    DEFAULT_MODEL_NAME,
-    REPO_ROOT,
-    ServerConfig,
-)
+from server.config import ServerConfig
 from server.metrics import Metrics
 from server.scheduler import Scheduler
 from server.service import SERVICE_NAME, Backend, TranslatorService
+from server.store import resolve_bundle
 
 log = logging.getLogger("server")
 
 EngineFactory = Callable[[Path, ServerConfig], Any]
 
 
-# ---- logging -------------------------------------------------------------------------------------
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, msg and the record's `fields` extra."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        fields = getattr(record, "fields", None)
-        if isinstance(fields, dict):
-            entry.update(fields)
-        if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False, default=str)
-
-
-def setup_logging(level: str = "INFO") -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-
-
-# ---- model resolution ----------------------------------------------------------------------------
-
-
-def is_bundle(path: Path) -> bool:
-    return (path / "manifest.json").is_file()
-
-
-def is_checkpoint(path: Path) -> bool:
-    return (path / "config.json").is_file() and (path / "model.safetensors").is_file()
-
-
-def export_checkpoint(checkpoint: Path, out: Path) -> None:
-    """`python -m export --checkpoint CKPT --out OUT` in a subprocess (needs torch), atomically."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.export-tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    cmd = [sys.executable, "-m", "export", "--checkpoint", str(checkpoint), "--out", str(tmp)]
-    log.info(
-        "exporting model bundle",
-        extra={"fields": {"checkpoint": str(checkpoint), "out": str(out), "cmd": " ".join(cmd)}},
-    )
-    start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
-    if proc.returncode != 0 or not is_bundle(tmp):
-        shutil.rmtree(tmp, ignore_errors=True)
-        tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-15:]
-        raise RuntimeError(f"export of {checkpoint} failed (exit {proc.returncode}): " + "\n".join(tail))
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
-    log.info(
-        "exported model bundle",
-        extra={"fields": {"out": str(out), "seconds": round(time.monotonic() - start, 1)}},
-    )
-
-
-def bundle_is_stale(bundle: Path, checkpoint: Path) -> bool:
-    """True when the checkpoint's weights are newer than the bundle's manifest."""
-    return (bundle / "manifest.json").stat().st_mtime < (checkpoint / "model.safetensors").stat().st_mtime
-
-
-def _bundle_of_checkpoint(checkpoint: Path, bundle: Path) -> Path:
-    """Export `checkpoint` to `bundle` unless an up-to-date bundle is already there."""
-    if not is_bundle(bundle):
-        log.info(
-            "no bundle for the checkpoint yet: exporting",
-            extra={"fields": {"bundle": str(bundle), "checkpoint": str(checkpoint)}},
-        )
-        export_checkpoint(checkpoint, bundle)
-    elif bundle_is_stale(bundle, checkpoint):
-        log.info(
-            "checkpoint is newer than its bundle: re-exporting",
-            extra={"fields": {"bundle": str(bundle), "checkpoint": str(checkpoint)}},
-        )
-        export_checkpoint(checkpoint, bundle)
-    return bundle
-
-
-def resolve_bundle(model_dir: str, bundles_dir: str | Path = "") -> Path:
-    """A bundle dir to load: the given bundle; for a checkpoint dir, its bundle in
-    bundles_dir/<checkpoint name> (exported when missing or older than the checkpoint); with no model
-    dir, bundles/en-es-small (exported from models/en-es-small when missing or older)."""
-    root = Path(bundles_dir) if bundles_dir else DEFAULT_BUNDLES_DIR
-    if not model_dir:
-        bundle = root / DEFAULT_MODEL_NAME
-        if is_checkpoint(DEFAULT_CHECKPOINT_DIR):
-            return _bundle_of_checkpoint(DEFAULT_CHECKPOINT_DIR, bundle)
-        if is_bundle(bundle):
-            return bundle
-        raise FileNotFoundError(
-            f"no model: {bundle} has no manifest.json and {DEFAULT_CHECKPOINT_DIR} has no "
-            "config.json + model.safetensors; train a model (make train) or pass --model-dir"
-        )
-    path = Path(model_dir)
-    if is_bundle(path):
-        return path
-    if is_checkpoint(path):
-        return _bundle_of_checkpoint(path, root / path.resolve().name)
-    raise FileNotFoundError(
-        f"{path} is neither a model bundle (manifest.json) nor a checkpoint (config.json + model.safetensors)"
-    )
-
-
 def default_engine_factory(bundle_dir: Path, config: ServerConfig) -> Any:
     from server.engine import Engine
 
     return Engine(bundle_dir, variant=config.variant, device=config.device, intra_op_threads=config.threads)
-
-
-# ---- server --------------------------------------------------------------------------------------
 
 
 class TranslatorServer:
@@ -180,6 +57,7 @@ class TranslatorServer:
         self.server: grpc.aio.Server | None = None
         self.scheduler: Scheduler | None = None
         self.engine: Any = None
+        self.bundle_dir: Path | None = None
         self.port = 0
         self.metrics_port = 0
         self.load_error: BaseException | None = None
@@ -189,7 +67,10 @@ class TranslatorServer:
         self._stopping = False
 
     async def start(self) -> None:
+        """Resolve the bundle (raises server.store.StoreError, nothing bound yet, when there is none to
+        serve), open the ports and start loading the model in the background."""
         cfg = self.config
+        self.bundle_dir = resolve_bundle(cfg.model_dir, cfg.bundles_dir)
         interceptors = [BearerTokenInterceptor(cfg.auth_token, self.metrics)] if cfg.auth_token else []
         self.server = grpc.aio.server(
             interceptors=interceptors,
@@ -250,7 +131,7 @@ class TranslatorServer:
         cfg = self.config
         try:
             start = time.monotonic()
-            bundle_dir = await asyncio.to_thread(resolve_bundle, cfg.model_dir, cfg.bundles_dir)
+            bundle_dir = self.bundle_dir
             log.info(
                 "loading model",
                 extra={

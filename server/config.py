@@ -14,18 +14,13 @@ from pathlib import Path
 
 from server.scheduler import MODES as BATCHING_MODES
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_BUNDLES_DIR = REPO_ROOT / "bundles"
-DEFAULT_MODEL_NAME = "en-es-small"
-DEFAULT_BUNDLE_DIR = DEFAULT_BUNDLES_DIR / DEFAULT_MODEL_NAME
-DEFAULT_CHECKPOINT_DIR = REPO_ROOT / "models" / "en-es-small"
 ENV_PREFIX = "TRANSLATOR_"
 
 
 @dataclass
 class ServerConfig:
-    model_dir: str = ""  # bundle dir (manifest.json) or checkpoint dir; "" = bundles/en-es-small
-    bundles_dir: str = ""  # where bundles exported from checkpoints go; "" = <repo>/bundles
+    model_dir: str = ""  # bundle dir (manifest.json); "" = <bundles_dir>/en-es-small (server/store.py)
+    bundles_dir: str = ""  # the model store: where the default bundle is; "" = <repo>/bundles
     host: str = "0.0.0.0"
     port: int = 50051  # 0 = any free port
     metrics_host: str = ""  # "" = same as host
@@ -126,10 +121,11 @@ def _convert(kind: type, value: str):
 _TYPES = {"str": str, "int": int, "float": float, "bool": bool}
 
 HELP = {
-    "model_dir": "model bundle dir (with manifest.json) or checkpoint dir (config.json + model.safetensors, "
-    "exported to bundles/<name> first); default: bundles/en-es-small, exported from models/en-es-small "
-    "if missing",
-    "bundles_dir": "where bundles exported from checkpoint dirs are written (default: <repo>/bundles)",
+    "model_dir": "model bundle dir (with manifest.json, written by `python -m export`; checkpoints are "
+    "not exported at start-up); default: <bundles-dir>/en-es-small, which must not be older than "
+    "models/en-es-small (`make bundle` exports it)",
+    "bundles_dir": "the model store: where the default bundle en-es-small is, and where the export "
+    "command suggested for a checkpoint writes (default: <repo>/bundles)",
     "host": "address to listen on",
     "port": "gRPC port (0 = any free port)",
     "metrics_host": "address of the Prometheus /metrics endpoint (default: --host)",

@@ -13,13 +13,13 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import grpc
 
 from proto.gen.translator.v1 import translator_pb2 as pb
 from proto.gen.translator.v1 import translator_pb2_grpc as pb_grpc
 from runtime import decoding
+from server.contract import DecodingOptions, Hypothesis, InvalidOptionsError, TranslationEngine
 from server.metrics import Metrics
 from server.scheduler import (
     EngineFailure,
@@ -56,7 +56,7 @@ def invalid(message: str) -> RpcFailure:
 class Backend:
     """What the handlers need once the model is loaded."""
 
-    engine: Any  # server.engine.Engine
+    engine: TranslationEngine
     scheduler: Scheduler
     variant: str
     batching: bool
@@ -65,24 +65,25 @@ class Backend:
 # ---- validation ----------------------------------------------------------------------------------
 
 
-def resolve_options(opts: pb.DecodingOptions, engine: Any) -> tuple[Any, bool]:
-    """Proto options -> (engine DecodingOptions with bundle defaults filled in, return_scores)."""
+def resolve_options(opts: pb.DecodingOptions, engine: TranslationEngine) -> tuple[DecodingOptions, bool]:
+    """Proto options -> (DecodingOptions with the bundle's defaults filled in, return_scores);
+    validated by runtime.decoding.resolve_options, the one place option rules live."""
     try:
         options = decoding.resolve_options(
             engine.default_options,
-            max_beam_size=int(engine.max_beam_size),
-            max_length_cap=int(engine.max_length_cap),
+            max_beam_size=engine.max_beam_size,
+            max_length_cap=engine.max_length_cap,
             beam_size=opts.beam_size,
             num_hypotheses=opts.num_hypotheses,
             max_length=opts.max_length,
             length_penalty=opts.length_penalty if opts.HasField("length_penalty") else None,
         )
-    except decoding.InvalidOptionsError as e:
+    except InvalidOptionsError as e:
         raise invalid(str(e)) from e
     return options, bool(opts.return_scores)
 
 
-def validate_texts(texts: Sequence[str], engine: Any, max_texts: int) -> list[int]:
+def validate_texts(texts: Sequence[str], engine: TranslationEngine, max_texts: int) -> list[int]:
     """Check the text count and each segment's length; return token counts."""
     if not texts:
         raise invalid("texts is empty: send at least one text to translate")
@@ -91,8 +92,8 @@ def validate_texts(texts: Sequence[str], engine: Any, max_texts: int) -> list[in
             f"too many texts: {len(texts)} in one request, the limit is {max_texts}; "
             "split them over several requests"
         )
-    counts = [int(n) for n in engine.count_tokens(list(texts))]
-    limit = int(engine.max_source_tokens)
+    counts = engine.count_tokens(list(texts))
+    limit = engine.max_source_tokens
     for i, n in enumerate(counts):
         if n > limit:
             raise invalid(
@@ -102,9 +103,11 @@ def validate_texts(texts: Sequence[str], engine: Any, max_texts: int) -> list[in
     return counts
 
 
-def to_translations(results: list, return_scores: bool) -> list[pb.Translation]:
+def to_translations(results: Sequence[list[Hypothesis] | None], return_scores: bool) -> list[pb.Translation]:
+    """A finished job's n-best lists (every segment answered) -> protobuf translations."""
     out = []
     for hyps in results:
+        assert hyps is not None, "a finished job has an n-best list for every segment"
         t = pb.Translation()
         for h in hyps:
             if return_scores:
@@ -115,7 +118,7 @@ def to_translations(results: list, return_scores: bool) -> list[pb.Translation]:
     return out
 
 
-def options_to_proto(options: Any) -> pb.DecodingOptions:
+def options_to_proto(options: DecodingOptions) -> pb.DecodingOptions:
     return pb.DecodingOptions(
         beam_size=options.beam_size,
         num_hypotheses=options.num_hypotheses,
@@ -379,19 +382,19 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             await context.abort(f.code, f.message)
         e = backend.engine
         response = pb.GetModelInfoResponse(
-            name=str(e.name),
-            version=str(e.version),
-            source_language=str(e.source_language),
-            target_language=str(e.target_language),
+            name=e.name,
+            version=e.version,
+            source_language=e.source_language,
+            target_language=e.target_language,
             limits=pb.Limits(
                 max_texts_per_request=self.max_texts,
-                max_source_tokens=int(e.max_source_tokens),
-                max_beam_size=int(e.max_beam_size),
-                max_length=int(e.max_length_cap),
+                max_source_tokens=e.max_source_tokens,
+                max_beam_size=e.max_beam_size,
+                max_length=e.max_length_cap,
                 max_request_bytes=self.max_message_bytes,
             ),
             default_options=options_to_proto(e.default_options),
-            execution_providers=[str(p) for p in e.providers],
+            execution_providers=list(e.providers),
             variant=backend.variant,
             batching=backend.batching,
         )

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from client.bench_batching import free_port
+from client.load import free_port
 from runtime.bundle import OPTIONAL_GRAPHS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -118,7 +118,7 @@ def shipped_bundle(tmp_path_factory) -> Path:
     """bundles/en-es-small if it loads and is not older than the shipped checkpoint, else the shipped
     checkpoint exported to a tmp dir."""
     from runtime.bundle import BundleError, load_manifest
-    from server.app import bundle_is_stale, is_checkpoint
+    from server.store import bundle_is_stale, is_checkpoint
 
     have_checkpoint = is_checkpoint(SHIPPED_CHECKPOINT)
     if (SHIPPED_BUNDLE / "manifest.json").is_file():

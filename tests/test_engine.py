@@ -1,15 +1,14 @@
-"""server/engine.py against the PyTorch reference decoders (model/decode.py) on tiny exported models."""
+"""server/engine (request path) against the PyTorch reference decoders (model/decode.py) on tiny exported
+models: token and score parity, batch invariance, the settled() stop, brute force on a 5-token vocabulary,
+the int8/fp16 variants, the IOBinding cache path and cancellation. The text layer and bundle errors are
+in test_engine_text.py, in-flight batching in test_engine_inflight.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-import json
 import random
-import shutil
-import subprocess
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -19,7 +18,6 @@ import torch.nn.functional as F
 
 from export import onnx_export as ox
 from model.decode import beam_search, gnmt_length_penalty, greedy_decode, max_output_length
-from server import engine as engine_module
 from server.engine import (
     LOGPROB_SLACK,
     BatchItem,
@@ -28,14 +26,12 @@ from server.engine import (
     Engine,
     Generator,
     Hypothesis,
-    InputTooLongError,
     settled,
 )
-from tests.conftest import copy_without_kv_rows
+from server.engine import generator as generator_module
+from server.engine.cache import BoundCache, NumpyCache
 from tests.test_export import (
     MAX_LENGTH_CAP,
-    MAX_SOURCE_TOKENS,
-    ROOT,
     TEXTS,
     TinyBundle,
     batch,
@@ -74,43 +70,11 @@ def assert_same_nbest(got: list[tuple[list[int], float]], ref: list[tuple[list[i
     np.testing.assert_allclose([s for _, s in got], [s for _, s in ref], atol=1e-4)
 
 
-# ------------------------------------------------------------------------------------------ basics
-
-
-def test_load_metadata_and_round_trip(engine: Engine, tiny: TinyBundle):
-    assert (engine.name, engine.version) == ("tiny-en-es", "0.0.1-test")
-    assert (engine.source_language, engine.target_language) == ("en", "es")
-    assert engine.max_source_tokens == MAX_SOURCE_TOKENS and engine.max_length_cap == MAX_LENGTH_CAP
-    assert engine.max_beam_size == 8
-    assert engine.default_options == DecodingOptions(
-        beam_size=4, num_hypotheses=1, max_length=0, length_penalty=0.6
-    )
-    assert engine.providers == ["CPUExecutionProvider"]
-    assert engine.manifest["format_version"] == 1
-    out = engine.translate(TEXTS, engine.default_options)
-    assert len(out) == len(TEXTS)
-    for nbest in out:
-        assert nbest is not None and len(nbest) == 1
-        h = nbest[0]
-        assert isinstance(h, Hypothesis) and h.score < 0
-        assert h.text == tiny.tokenizer.decode(h.tokens)
-    stats = engine.last_stats
-    for key in ("encoder_s", "decoder_s", "select_s", "reorder_s", "steps", "total_s", "tokenize_s"):
-        assert key in stats
-    assert stats["segments"] == len(TEXTS) and stats["steps"] > 0
-    engine.warmup()
-
-
-def test_engine_imports_no_torch(tiny: TinyBundle):
-    code = (
-        "import sys; from server.engine import Engine, DecodingOptions; "
-        f"e = Engine({str(tiny.bundle)!r}, intra_op_threads=1); "
-        "r = e.translate(['Open the file.'], DecodingOptions(beam_size=2)); "
-        "assert r[0][0].score < 0, r; "
-        "assert 'torch' not in sys.modules and 'grpc' not in sys.modules; print('ok')"
-    )
-    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+def same(got, want) -> None:
+    assert [h.tokens for h in got] == [h.tokens for h in want]
+    assert [h.text for h in got] == [h.text for h in want]
+    # Bit-identical scores (not merely close): same numbers as alone.
+    assert [h.score for h in got] == [h.score for h in want]
 
 
 # --------------------------------------------------------------------------------- parity (tokens)
@@ -205,7 +169,7 @@ def test_settled_stop_saves_steps_and_changes_no_result(
     early = gen.generate(ids, **kwargs)
     stats = dict(gen.last_stats)
     assert stats["settled"] > 0
-    monkeypatch.setattr(engine_module, "settled", lambda fin, *rest: [False] * len(fin))
+    monkeypatch.setattr(generator_module, "settled", lambda fin, *rest: [False] * len(fin))
     full = gen.generate(ids, **kwargs)
     assert gen.last_stats["settled"] == 0 and gen.last_stats["row_steps"] > stats["row_steps"]
     assert early == full
@@ -331,7 +295,8 @@ def test_int8_is_weight_only_and_batch_invariant(tiny: TinyBundle):
 def test_iobinding_path_matches_numpy_path(engine: Engine, tiny: TinyBundle):
     # Same search; the last bits of scores may differ (exact-length vs spare-capacity caches).
     bound = Engine(tiny.bundle, intra_op_threads=1, io_binding=True)
-    assert type(bound.generator.cache).__name__ == "_BoundCache" and bound.generator.cache_graph
+    assert isinstance(bound.generator.cache, BoundCache) and bound.generator.cache_graph
+    assert isinstance(engine.generator.cache, NumpyCache)
     for k in (1, 4):
         opts = DecodingOptions(beam_size=k, num_hypotheses=min(k, 2))
         for got, want in zip(bound.translate(TEXTS, opts), engine.translate(TEXTS, opts), strict=True):
@@ -343,6 +308,23 @@ def test_iobinding_path_matches_numpy_path(engine: Engine, tiny: TinyBundle):
     assert got[1] is None
     for i in (0, 2, 3, 4, 5, 6, 7):
         assert_same_nbest(tokens_and_scores(got[i]), tokens_and_scores(want[i]))
+
+
+def test_cache_back_ends_need_only_the_graphs(engine: Engine):
+    """A back-end runs on a Generator's Graphs (sessions and interface), without the Generator (as
+    bench/step_cost builds them); the IOBinding one needs the bundle's cache graph."""
+    graphs = engine.generator.graphs
+    src = np.full((2, 8), 5, dtype=np.int64)
+    bias, cross = NumpyCache(graphs).encode(src)
+    want_bias, want_cross = engine.generator.cache.encode(src)
+    np.testing.assert_array_equal(bias, want_bias)
+    bound_bias, bound_cross = BoundCache(graphs, "cpu", 0).encode(src)
+    np.testing.assert_array_equal(bound_bias, want_bias)
+    for got, bound, want in zip(cross, bound_cross, want_cross, strict=True):
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(bound.numpy(), want)
+    with pytest.raises(BundleError, match="cache graph"):
+        BoundCache(dataclasses.replace(graphs, cache=None), "cpu", 0)
 
 
 @pytest.mark.filterwarnings("ignore:Specified provider")
@@ -377,334 +359,3 @@ def test_cancellation_drops_row_and_leaves_others_identical(engine: Engine):
     assert engine.translate(TEXTS[:2], opts, lambda: [True, True]) == [None, None]
     with pytest.raises(ValueError, match="flags"):
         engine.translate(TEXTS[:2], opts, lambda: [True])
-
-
-# ------------------------------------------------------------------------------------- real text
-
-
-def test_whitespace_and_empty_segments(engine: Engine):
-    texts = ["", "   ", "\n", " \t\n ", "  Open the file.\n", "\tSettings  ", "Yes"]
-    out = engine.translate(texts, DecodingOptions(beam_size=2))
-    for i in range(4):
-        assert out[i] == [Hypothesis(text=texts[i], score=0.0, tokens=[])]
-    core = engine.translate(["Open the file.", "Settings"], DecodingOptions(beam_size=2))
-    assert out[4][0].text == "  " + core[0][0].text + "\n" and out[4][0].tokens == core[0][0].tokens
-    assert out[5][0].text == "\t" + core[1][0].text + "  "
-    assert out[6][0].text == engine.tokenizer.decode(out[6][0].tokens)
-    assert engine.translate([], DecodingOptions()) == []
-    assert engine.count_tokens(["", "  Open the file. ", "Open the file."])[0] == 0
-    counts = engine.count_tokens(["  Open the file. ", "Open the file."])
-    assert counts[0] == counts[1] == len(engine.tokenizer.encode("Open the file."))
-
-
-def test_input_too_long(engine: Engine):
-    long_text = " ".join(["information"] * 40)
-    n = engine.count_tokens([long_text])[0]
-    assert n > MAX_SOURCE_TOKENS
-    with pytest.raises(InputTooLongError) as err:
-        engine.translate(["Yes", long_text, ""], DecodingOptions())
-    msg = str(err.value)
-    assert "segment 1" in msg and str(n) in msg and str(MAX_SOURCE_TOKENS) in msg and "split" in msg
-    assert isinstance(err.value, ValueError)
-
-
-def test_placeholders_are_single_tokens(engine: Engine):
-    tok = engine.tokenizer
-    for ph in ("%s", "{0}", "%1$s", "<b>", "%d"):
-        assert ph in tok.pieces(f"Delete {ph} now")  # one atom, never split into sub-pieces
-    text = "Delete %s from {0}?"
-    assert tok.decode(tok.encode(text)) == text
-    (hyp,) = engine.translate([text], DecodingOptions(beam_size=1))[0]
-    assert hyp.text == tok.decode(hyp.tokens)
-
-
-def test_options_validation_and_length_cap(engine: Engine):
-    with pytest.raises(ValueError, match="beam_size"):
-        engine.translate(["Yes"], DecodingOptions(beam_size=9))
-    with pytest.raises(ValueError, match="num_hypotheses"):
-        engine.translate(["Yes"], DecodingOptions(beam_size=2, num_hypotheses=3))
-    with pytest.raises(ValueError, match="max_length"):
-        engine.translate(["Yes"], DecodingOptions(max_length=-1))
-    short = engine.translate(TEXTS, DecodingOptions(beam_size=2, max_length=3))
-    assert all(len(r[0].tokens) <= 3 for r in short)
-    capped = engine.translate(TEXTS, DecodingOptions(beam_size=1, max_length=10_000))
-    assert max(len(r[0].tokens) for r in capped) <= MAX_LENGTH_CAP
-    assert engine.max_output_length(100, DecodingOptions()) == MAX_LENGTH_CAP
-    assert engine.max_output_length(4, DecodingOptions()) == max_output_length(4, cap=MAX_LENGTH_CAP) == 16
-
-
-# ---------------------------------------------------------------------------------- corrupt bundles
-
-
-@pytest.fixture()
-def bundle_copy(tiny: TinyBundle, tmp_path: Path) -> Path:
-    dst = tmp_path / "bundle"
-    shutil.copytree(tiny.bundle, dst)
-    return dst
-
-
-def test_flipped_byte_is_a_checksum_error(bundle_copy: Path):
-    path = bundle_copy / "fp32" / "decoder.onnx"
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
-    with pytest.raises(BundleError, match=r"decoder\.onnx.*sha256"):
-        Engine(bundle_copy, intra_op_threads=1)
-
-
-def test_missing_file_is_named(bundle_copy: Path):
-    (bundle_copy / "tokenizer.model").unlink()
-    with pytest.raises(BundleError, match=r"tokenizer\.model.*missing"):
-        Engine(bundle_copy, intra_op_threads=1)
-
-
-def test_wrong_format_version_and_bad_manifest(bundle_copy: Path):
-    path = bundle_copy / "manifest.json"
-    manifest = json.loads(path.read_text())
-    path.write_text(json.dumps(manifest | {"format_version": 99}))
-    with pytest.raises(BundleError, match="format_version 99"):
-        Engine(bundle_copy, intra_op_threads=1)
-    path.write_text("{not json")
-    with pytest.raises(BundleError, match="manifest.json"):
-        Engine(bundle_copy, intra_op_threads=1)
-    path.unlink()
-    with pytest.raises(BundleError, match="missing manifest"):
-        Engine(bundle_copy, intra_op_threads=1)
-
-
-def test_unknown_variant_and_truncated_file(bundle_copy: Path):
-    with pytest.raises(BundleError, match="variant 'int4'"):
-        Engine(bundle_copy, variant="int4", intra_op_threads=1)
-    path = bundle_copy / "int8" / "encoder.onnx"
-    path.write_bytes(path.read_bytes()[:100])
-    with pytest.raises(BundleError, match=r"int8/encoder\.onnx: size"):
-        Engine(bundle_copy, variant="int8", intra_op_threads=1)
-
-
-# ------------------------------------------------------------------- in-flight batching (RunningBatch)
-# Every sentence's output is exactly (bit for bit) what it gets alone, whatever joins or leaves.
-
-MORE = [
-    "Save changes?",
-    "Print",
-    "  Open the file.  ",
-    "",
-    "Delete the selected messages permanently?",
-    "The printer is out of paper.",
-]
-OPTIONS = [
-    DecodingOptions(beam_size=1, num_hypotheses=1),
-    DecodingOptions(beam_size=2, num_hypotheses=2),
-    DecodingOptions(beam_size=4, num_hypotheses=1),
-    DecodingOptions(beam_size=3, num_hypotheses=3, length_penalty=1.0),
-    DecodingOptions(beam_size=5, num_hypotheses=2, max_length=7),
-    DecodingOptions(beam_size=1, max_length=3),
-    DecodingOptions(beam_size=4, num_hypotheses=2, length_penalty=0.0),  # the settled() stop fires
-]
-
-
-@pytest.fixture(scope="module")
-def solo(engine: Engine) -> dict:
-    """(text, options) -> the result of translating that text alone."""
-    out = {}
-    for text in TEXTS + MORE:
-        for opts in OPTIONS:
-            out[text, opts] = engine.translate([text], opts)[0]
-    return out
-
-
-def same(got, want) -> None:
-    assert [h.tokens for h in got] == [h.tokens for h in want]
-    assert [h.text for h in got] == [h.text for h in want]
-    # Bit-identical scores (not merely close): same numbers as alone.
-    assert [h.score for h in got] == [h.score for h in want]
-
-
-def test_graph_takes_per_row_positions(engine: Engine):
-    assert engine.supports_inflight
-    assert len(engine.running_batch()) == 0
-
-
-@pytest.fixture(scope="module")
-def bound_engine(tiny: TinyBundle) -> Engine:
-    """IOBinding on the CPU provider: the in-flight batch keeps K/V as OrtValues and changes them with
-    the bundle's kv_rows graph, as on CUDA (where it saves copying the cache over the bus each step)."""
-    return Engine(tiny.bundle, intra_op_threads=1, io_binding=True)
-
-
-@pytest.mark.parametrize("storage", ["host", "device"])
-@pytest.mark.parametrize("seed", range(6))
-def test_random_arrivals_and_drops_match_solo(
-    engine: Engine, bound_engine: Engine, solo: dict, seed: int, storage: str
-):
-    rng = random.Random(seed)
-    pending = [(text, rng.choice(OPTIONS)) for text in rng.sample(TEXTS + MORE, 10)]
-    pending += [(rng.choice(TEXTS), rng.choice(OPTIONS)) for _ in range(6)]
-    rb = (engine if storage == "host" else bound_engine).running_batch()
-    assert rb.beam.on_device == (storage == "device") == rb.greedy.on_device
-    items = {}
-    results = {}
-    dropped = set()
-    key = 0
-    steps = 0
-    max_rows = 0
-    while pending or len(rb):
-        if pending and (not len(rb) or rng.random() < 0.3):
-            n = rng.randint(1, 3)
-            batch = []
-            for text, opts in pending[:n]:
-                items[key] = (text, opts)
-                batch.append(BatchItem(key, text, opts))
-                key += 1
-            del pending[:n]
-            for f in rb.admit(batch):
-                assert f.error is None
-                results[f.key] = f.hypotheses
-        if len(rb) > 1 and rng.random() < 0.05:
-            victim = rng.choice(rb.keys)
-            assert rb.drop([victim]) == 1
-            dropped.add(victim)
-        max_rows = max(max_rows, rb.rows)
-        for f in rb.step():
-            assert f.key not in results
-            results[f.key] = f.hypotheses
-        steps += 1
-        assert steps < 2000
-    assert set(results) | dropped == set(items) and not set(results) & dropped
-    for k, hyps in results.items():
-        same(hyps, solo[items[k]])
-    assert max_rows > 4  # the batch really mixed sentences
-
-
-def test_mixed_beams_join_a_running_long_decode(engine: Engine):
-    """Short sentences (greedy and beam 2) admitted while a beam-5 one decodes leave before it; all
-    match their solo translations."""
-    rb = engine.running_batch()
-    long_opts = DecodingOptions(beam_size=5, num_hypotheses=2)
-    rb.admit([BatchItem("long", TEXTS[1], long_opts)])
-    for _ in range(3):
-        assert rb.step() == []
-    greedy, beam2 = DecodingOptions(beam_size=1, max_length=3), DecodingOptions(beam_size=2, max_length=4)
-    wanted = {"long": (TEXTS[1], long_opts)}
-    items = []
-    for i, t in enumerate(TEXTS[:4]):
-        wanted[i] = (t, greedy if i % 2 else beam2)
-        items.append(BatchItem(i, *wanted[i]))
-    rb.admit(items)
-    assert rb.rows == 5 * 3 + 2  # beam sentences share Kc = 5 rows each; greedy ones run apart
-    order = []
-    while len(rb):
-        for f in rb.step():
-            order.append(f.key)
-            same(f.hypotheses, engine.translate([wanted[f.key][0]], wanted[f.key][1])[0])
-    assert order[-1] == "long" and len(order) == 5
-    assert rb.rows == 0
-
-
-@pytest.mark.parametrize("storage", ["host", "device"])
-def test_settled_sentences_leave_the_running_batch(
-    engine: Engine, bound_engine: Engine, solo: dict, storage: str
-):
-    """The settled() stop in flight: sentences joining every other step, some with alpha 0 (where it
-    fires most), each leaves as soon as its n-best is settled, with its solo result."""
-    rb = (engine if storage == "host" else bound_engine).running_batch()
-    alpha0, beam4 = OPTIONS[-1], OPTIONS[2]
-    plan = [(i, t, alpha0 if i % 2 else beam4) for i, t in enumerate(TEXTS + MORE[:2])]
-    pending = list(plan)
-    results = {}
-    while pending or len(rb):
-        if pending:
-            i, text, opts = pending.pop(0)
-            rb.admit([BatchItem(i, text, opts)])
-        for f in rb.step():
-            results[f.key] = f.hypotheses
-    assert rb.beam.settled > 0
-    for i, text, opts in plan:
-        same(results[i], solo[text, opts])
-
-
-def test_admit_refuses_bad_items_and_passes_blank(engine: Engine):
-    rb = engine.running_batch()
-    out = rb.admit(
-        [
-            BatchItem(1, "  ", DecodingOptions(beam_size=2)),
-            BatchItem(2, "word " * 200, DecodingOptions(beam_size=2)),
-            BatchItem(3, "Open", DecodingOptions(beam_size=2, num_hypotheses=3)),
-        ]
-    )
-    by = {f.key: f for f in out}
-    assert by[1].hypotheses[0].text == "  " and by[1].error is None
-    assert "max_source_tokens" in str(by[2].error)
-    assert isinstance(by[3].error, ValueError)
-    assert len(rb) == 0
-
-
-def test_old_graph_is_refused(engine: Engine, monkeypatch):
-    monkeypatch.setattr(engine.generator, "row_positions", False)
-    with pytest.raises(BundleError, match="per-row positions"):
-        engine.running_batch()
-
-
-@pytest.mark.parametrize("storage", ["host", "device"])
-def test_cache_is_compacted(engine: Engine, bound_engine: Engine, storage: str):
-    rb = (engine if storage == "host" else bound_engine).running_batch()
-    opts = DecodingOptions(beam_size=3)
-    rb.admit([BatchItem(i, t, opts) for i, t in enumerate(TEXTS)])
-    assert rb.rows == 3 * len(TEXTS)
-    rb.step()
-    rb.drop([0, 1, 2])
-    assert rb.rows == 3 * (len(TEXTS) - 3)
-    past = [p if isinstance(p, np.ndarray) else p.numpy() for p in rb.beam.past]
-    assert past[0].shape[0] == rb.rows and past[0].shape[2] % 16 == 0
-    assert np.isfinite(past[0]).all()
-    if storage == "device":  # exactly the live sentences on the device, nothing spare
-        bias, cross = rb.beam._store.sources(len(rb))
-        assert cross[0].shape()[0] == bias.shape[0] == len(rb)
-    while len(rb):
-        rb.step()
-    assert rb.beam.past == []
-
-
-def test_bundle_without_kv_rows_graph_keeps_the_cache_on_the_host(
-    engine: Engine, tiny: TinyBundle, tmp_path: Path
-):
-    """Bundles exported before the kv_rows graph still batch in flight with IOBinding, from host memory."""
-    old = Engine(copy_without_kv_rows(tiny.bundle, tmp_path / "bundle"), intra_op_threads=1, io_binding=True)
-    rb = old.running_batch()
-    assert old.generator.kv_rows_graph is None and not rb.beam.on_device
-    opts = DecodingOptions(beam_size=2, num_hypotheses=2)
-    rb.admit([BatchItem(0, TEXTS[1], opts)])
-    while len(rb):
-        out = rb.step()
-    same(out[0].hypotheses, engine.translate([TEXTS[1]], opts)[0])
-
-
-@pytest.mark.parametrize("storage", ["host", "device"])
-def test_leaving_sentences_cost_a_row_move_not_a_cache_copy(
-    engine: Engine, bound_engine: Engine, solo: dict, storage: str
-):
-    """Greedy group: a sentence leaving (dropped here) is replaced by the last live one (on the host in
-    place: the cache storage is not re-laid out); the source axis shrinks once the widest sentence has
-    left; the others' results are unchanged."""
-    rb = (engine if storage == "host" else bound_engine).running_batch()
-    greedy = OPTIONS[0]
-    wide = "Delete the selected messages permanently? " * 4
-    texts = [wide, TEXTS[0], TEXTS[2], "Print", "Save changes?"]  # 24 source tokens vs <= 4
-    rb.admit([BatchItem(i, t, greedy) for i, t in enumerate(texts)])
-    g = rb.greedy
-    results: dict = {}
-    before = list(g.keys)
-    assert before[-1] == 0  # admitted in order of source width: the widest joins last
-    kv, width = g._store.kv[0], g.source_width
-    assert rb.drop([before[0]]) == 1  # position 0: the last sentence moves into its place
-    assert (g._store.kv[0] is kv) == (storage == "host")  # host: rows moved in place
-    assert g.keys == [before[-1], *before[1:-1]] and g.rows == len(before) - 1
-    assert g.source_width == width
-    assert rb.drop([0]) == 1  # the widest leaves: the source axis shrinks
-    assert g.source_width < width  # 24 -> 8 positions
-    while len(rb):
-        for f in rb.step():
-            results[f.key] = f.hypotheses
-    for key, hyps in results.items():
-        same(hyps, solo[texts[key], greedy])
-    assert set(results) == set(range(1, len(texts))) - {before[0]}

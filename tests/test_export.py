@@ -13,6 +13,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from export import cache_graphs, precision, verify
 from export import onnx_export as ox
 from export.__main__ import main as export_main
 from model.decode import greedy_decode
@@ -196,7 +197,7 @@ def test_fp32_parity_recorded_in_manifest(tiny: TinyBundle):
 def test_parity_on_varied_batch_and_kv_cache_equals_full_pass(tiny: TinyBundle):
     # Varied lengths in one padded batch, plus a source made only of padding-free single token.
     sources = tiny.tokenizer.encode_batch(TEXTS)
-    p = ox.parity(
+    p = verify.parity(
         tiny.model, tiny.bundle / "fp32" / "encoder.onnx", tiny.bundle / "fp32" / "decoder.onnx", sources
     )
     assert p["encoder_memory_max_abs"] <= 1e-4 and p["cross_kv_max_abs"] <= 1e-4
@@ -211,7 +212,7 @@ def test_topk_is_stable_descending_sort_of_beam_candidates(tiny: TinyBundle):
     enc = session(tiny.bundle / "fp32" / "encoder.onnx")
     dec = session(tiny.bundle / "fp32" / "decoder.onnx")
     sources = tiny.tokenizer.encode_batch(TEXTS[:3])
-    src = ox.pad_batch(sources)
+    src = verify.pad_batch(sources)
     out = enc.run(None, {"src_ids": src})
     bias, cross = out[1], out[2:]
     k, n = 3, len(sources)
@@ -234,7 +235,7 @@ def test_spare_cache_capacity_is_ignored(tiny: TinyBundle):
     """Cache entries at index >= position (spare capacity, any finite values) do not change the step."""
     enc = session(tiny.bundle / "fp32" / "encoder.onnx")
     dec = session(tiny.bundle / "fp32" / "decoder.onnx")
-    src = ox.pad_batch(tiny.tokenizer.encode_batch(TEXTS[:2]))
+    src = verify.pad_batch(tiny.tokenizer.encode_batch(TEXTS[:2]))
     out = enc.run(None, {"src_ids": src})
     rng = np.random.default_rng(0)
     past = [rng.standard_normal((2, 2, 5, 16)).astype(np.float32) for _ in range(4)]
@@ -259,7 +260,7 @@ def test_zero_length_source_row_is_finite(tiny: TinyBundle):
 
 def test_cache_graphs_and_gemm_rewrite(tmp_path: Path):
     path = tmp_path / "cache.onnx"
-    ox.make_cache_graph(path, 2, onnx.TensorProto.FLOAT)
+    cache_graphs.make_cache_graph(path, 2, onnx.TensorProto.FLOAT)
     x = np.arange(24, dtype=np.float32).reshape(4, 1, 2, 3)
     n = np.arange(12, dtype=np.float32).reshape(4, 1, 1, 3) + 100
     idx = np.array([2, 2, 0], dtype=np.int64)
@@ -268,7 +269,7 @@ def test_cache_graphs_and_gemm_rewrite(tmp_path: Path):
     np.testing.assert_array_equal(y1, -x[idx])  # zero-length append: plain gather
     # kv_rows: rows of [a; b] fitted (sliced or zero-padded) to t_out slots, n[n_idx] written at pos.
     path = tmp_path / "kv_rows.onnx"
-    ox.make_kv_rows_graph(path, 2, onnx.TensorProto.FLOAT)
+    cache_graphs.make_kv_rows_graph(path, 2, onnx.TensorProto.FLOAT)
     rng = np.random.default_rng(0)
     a = rng.standard_normal((3, 2, 5, 4)).astype(np.float32)
     b = rng.standard_normal((2, 2, 3, 4)).astype(np.float32)
@@ -289,7 +290,7 @@ def test_cache_graphs_and_gemm_rewrite(tmp_path: Path):
         np.testing.assert_array_equal(y1, -want)
     # kv_step: rows idx of a with n[idx] written at each row's slot (the [row, head, slot] list).
     path = tmp_path / "kv_step.onnx"
-    ox.make_kv_step_graph(path, 2, onnx.TensorProto.FLOAT)
+    cache_graphs.make_kv_step_graph(path, 2, onnx.TensorProto.FLOAT)
     idx, slot = np.array([2, 2, 0, 1]), np.array([4, 0, 3, 1])
     write = np.array([[m, h, slot[m]] for m in range(4) for h in range(2)], dtype=np.int64)
     y0, y1 = session(path).run(None, {"idx": idx, "write": write, "a_0": a, "n_0": n, "a_1": -a, "n_1": -n})
@@ -308,54 +309,13 @@ def test_cache_graphs_and_gemm_rewrite(tmp_path: Path):
         )
     model = onnx.load(str(src))
     assert [n.op_type for n in model.graph.node] == ["Gemm"]
-    rewritten = ox.gemm_to_matmul(model)
+    rewritten = precision.gemm_to_matmul(model)
     assert [n.op_type for n in rewritten.graph.node] == ["MatMul", "Add"]
     a = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
     got = ort.InferenceSession(rewritten.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {"a": a}
     )
     np.testing.assert_allclose(got[0], lin(torch.from_numpy(a)).detach().numpy(), atol=1e-6)
-
-
-def test_step_cost_times_both_cache_placements(tiny: TinyBundle, tmp_path: Path, capsys):
-    from export import step_cost
-
-    out = tmp_path / "cost.json"
-    argv = ["--bundle", str(tiny.bundle), "--rows", "1,3", "--capacities", "16", "--iters", "2"]
-    argv += ["--reps", "1"]
-    assert step_cost.main([*argv, "--cache", "both", "--json", str(out)]) == 0
-    report = json.loads(out.read_text())
-    assert set(report["cache"]) == {"host", "device"} and report["providers"][0] == "CPUExecutionProvider"
-    for where in ("host", "device"):
-        ms = report["cache"][where]["ms_per_step"]["16"]
-        assert set(ms) == {"1", "3"} and all(v > 0 for v in ms.values())
-        assert {"fixed_ms", "per_row_ms"} <= set(report["cache"][where]["fit"]["16"])
-    assert "Summary (device cache)" in capsys.readouterr().out
-    with pytest.raises(SystemExit):
-        step_cost.main([*argv, "--cache", "gpu"])
-
-
-def test_saturation_modes_run_the_same_row_steps(tiny: TinyBundle, tmp_path: Path, capsys):
-    """Finished sentences leave the batch in every mode, so request-level and in-flight batching run the
-    same decoder row-steps for the same sentences; only what a row-step costs differs."""
-    from export import saturation
-
-    out = tmp_path / "saturation.json"
-    argv = ["--bundle", str(tiny.bundle), "--data", str(tmp_path), "--sentences", "12", "--beams", "1,3"]
-    assert saturation.main([*argv, "--batch", "5", "--rows", "9", "--reps", "1", "--json", str(out)]) == 0
-    report = json.loads(out.read_text())
-    assert report["sentences"] == 12 and report["inflight_kv"] == "host"
-    capsys.readouterr()
-    assert saturation.main([*argv, "--io-binding", "--reps", "1", "--json", str(out)]) == 0
-    assert json.loads(out.read_text())["inflight_kv"] == "device"
-    for beam, modes in report["beams"].items():
-        assert set(modes) == set(saturation.MODES)
-        assert len({r["row_steps"] for r in modes.values()}) == 1  # the invariant
-        assert modes["inflight"]["mean_rows"] <= 9 and modes["request-arrival"]["mean_rows"] <= 5 * int(beam)
-        assert modes["inflight"]["steps"] < modes["request-arrival"]["steps"]
-        for r in modes.values():  # the graph runs were timed: host time is the rest
-            assert 0 < r["ort_seconds"] < r["seconds"] and r["host_ms_per_step"] > 0
-    assert "inflight / request-sorted" in capsys.readouterr().out.splitlines()[-1]
 
 
 def test_export_rejects_bad_arguments(tiny: TinyBundle, tmp_path: Path, capsys):

@@ -1,16 +1,29 @@
-"""Batching scheduler with the real engine on a tiny exported bundle (no gRPC)."""
+"""Batching scheduler (no gRPC). Its behaviour runs against a small fake engine (tests/fake_engine.py:
+deterministic, fast, no ONNX); a few tests check the integration with the real engine on a tiny exported
+bundle (bit-identical results through both strategies, the cancelled callback, the bundle checks)."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 
 import pytest
 
-from server.engine import DecodingOptions, Engine
+from server.contract import (
+    BatchItem,
+    BundleError,
+    DecodingOptions,
+    InFlightBatch,
+    InputTooLongError,
+    InvalidOptionsError,
+    TranslationEngine,
+)
 from server.metrics import Metrics
-from server.scheduler import Job, QueueFullError, RequestCancelled, Scheduler
+from server.scheduler import EngineFailure, InvalidInput, Job, QueueFullError, RequestCancelled, Scheduler
+from server.scheduler.jobs import Segment
 from tests.conftest import copy_without_kv_rows
+from tests.fake_engine import FakeEngine
 
 TEXTS = [
     "Open the file",
@@ -23,14 +36,30 @@ TEXTS = [
     "Connection to the server failed.",
 ]
 GREEDY = DecodingOptions(beam_size=1, num_hypotheses=1, max_length=12, length_penalty=0.6)
-# The tiny random model decodes to max_length: 32 texts x beam 8 x 256 steps keep the engine busy for
-# seconds, long enough to cancel, expire or queue behind.
+# Both engines decode to max_length: 32 texts x beam 8 x 256 steps keep the engine busy for seconds, long
+# enough to cancel, expire or queue behind.
 LONG = DecodingOptions(beam_size=8, num_hypotheses=1, max_length=256, length_penalty=0.6)
 LONG_TEXTS = TEXTS * 4
+BEAM2 = DecodingOptions(beam_size=2, num_hypotheses=2, max_length=10, length_penalty=0.6)
+BEAM4 = DecodingOptions(beam_size=4, num_hypotheses=1, max_length=16, length_penalty=1.0)
+SOLO = FakeEngine(step_s=0)  # the fake's solo results without the wait: they do not depend on step_s
+
+
+@pytest.fixture()
+def fake() -> FakeEngine:
+    return FakeEngine(step_s=0.002)
+
+
+@pytest.fixture()
+def slow_fake() -> FakeEngine:
+    """10 ms steps: LONG runs for 2.5 s, time to queue behind it, cancel it or let deadlines pass."""
+    return FakeEngine(step_s=0.01)
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_bundle) -> Engine:
+def engine(tiny_bundle):
+    from server.engine import Engine
+
     return Engine(tiny_bundle, intra_op_threads=1)
 
 
@@ -50,16 +79,79 @@ def hist(metrics: Metrics, name: str) -> tuple[float, float]:
     return values[name + "_count"], values[name + "_sum"]
 
 
+def outcomes(metrics: Metrics) -> dict[str, float]:
+    """translator_segments_total by outcome."""
+    return {
+        s.labels["outcome"]: s.value
+        for m in metrics.registry.collect()
+        for s in m.samples
+        if s.name == "translator_segments_total"
+    }
+
+
 def texts_of(results) -> list[str]:
     return [hyps[0].text for hyps in results]
 
 
-def test_concurrent_requests_share_batches_and_match_solo(engine):
-    solo = [r[0].text for r in (engine.translate([t], GREEDY)[0] for t in TEXTS)]
-    scheduler, metrics = make_scheduler(engine, max_wait_ms=50)
+def nbest(hyps) -> list[tuple]:
+    return [(h.text, h.tokens, h.score) for h in hyps]
+
+
+# ---- the fake engine ------------------------------------------------------------------------------------
+
+
+def test_fake_engine_satisfies_the_contract():
+    fake = FakeEngine(step_s=0)
+    assert isinstance(fake, TranslationEngine)
+    rb = fake.running_batch()
+    assert isinstance(rb, InFlightBatch)
+    solo = [fake.translate([t], BEAM2)[0] for t in TEXTS]
+    assert fake.translate(TEXTS, BEAM2) == solo  # the same in any batch
+    assert [h.text for h in solo[0]] == ["file the Open", "file the Open (1)"]
+    assert fake.translate(["  Print "], GREEDY)[0][0].text == "  Print "
+    assert fake.translate([" \n"], GREEDY)[0][0].text == " \n"
+    assert fake.last_stats["steps"] == 0
+    # One step per token of the generation budget; cancelled() drops a row at a step boundary.
+    calls = []
+    out = fake.translate(TEXTS[:2], GREEDY, cancelled=lambda: calls.append(1) or [False, len(calls) > 3])
+    assert out == [fake.translate(TEXTS[:1], GREEDY)[0], None]
+    assert len(calls) == GREEDY.max_length  # before every step
+    # The running batch gives the same results, with any options, and drops on demand.
+    done = rb.admit([BatchItem(i, t, BEAM2 if i % 2 else GREEDY) for i, t in enumerate(TEXTS)])
+    assert done == [] and len(rb) == len(TEXTS) and rb.rows == 4 * 1 + 4 * 2
+    assert rb.drop([0, 99]) == 1 and rb.keys == list(range(1, len(TEXTS)))
+    finished = {}
+    while len(rb):
+        finished.update((f.key, f.hypotheses) for f in rb.step())
+    assert sorted(finished) == list(range(1, len(TEXTS)))
+    for i, hyps in finished.items():
+        assert hyps == fake.translate([TEXTS[i]], BEAM2 if i % 2 else GREEDY)[0]
+    assert rb.cost(3, GREEDY) == 1 * (3 + 12)
+    blank, beam, long = rb.admit(
+        [
+            BatchItem("blank", "  ", GREEDY),
+            BatchItem("beam", "x", DecodingOptions(beam_size=99)),
+            BatchItem("long", "x " * 65, GREEDY),
+        ]
+    )
+    assert blank.hypotheses[0].text == "  " and len(rb) == 0
+    assert isinstance(beam.error, InvalidOptionsError) and isinstance(long.error, InputTooLongError)
+    with pytest.raises(InputTooLongError):
+        fake.translate(["x " * 65], GREEDY)
+    with pytest.raises(BundleError):
+        FakeEngine(supports_inflight=False).running_batch()
+
+
+# ---- request-level batching (fake engine) ---------------------------------------------------------------
+
+
+def test_concurrent_requests_share_batches_and_match_solo(fake):
+    solo = [r[0].text for r in (fake.translate([t], GREEDY)[0] for t in TEXTS)]
+    fake.batches.clear()
+    scheduler, metrics = make_scheduler(fake, max_wait_ms=50)
 
     async def main():
-        return await asyncio.gather(*(scheduler.run(job(engine, [t])) for t in TEXTS))
+        return await asyncio.gather(*(scheduler.run(job(fake, [t])) for t in TEXTS))
 
     try:
         jobs = asyncio.run(main())
@@ -69,29 +161,35 @@ def test_concurrent_requests_share_batches_and_match_solo(engine):
     batches, segments = hist(metrics, "translator_batch_segments")
     assert segments == len(TEXTS)
     assert batches < len(TEXTS), "concurrent single-text requests should be batched together"
+    assert len(fake.batches) == batches and sum(len(t) for t, _ in fake.batches) == len(TEXTS)
+    steps = {s.name: s.value for m in metrics.registry.collect() for s in m.samples}
+    assert steps["translator_decode_steps_total"] == batches * GREEDY.max_length  # from last_stats
 
 
-def test_batching_off_keeps_requests_apart(engine):
-    scheduler, metrics = make_scheduler(engine, batching=False, max_wait_ms=50)
+def test_batching_off_keeps_requests_apart(fake):
+    scheduler, metrics = make_scheduler(fake, batching=False, max_wait_ms=50)
+    requests = [TEXTS[i : i + 2] for i in range(0, 8, 2)]
 
     async def main():
-        return await asyncio.gather(*(scheduler.run(job(engine, TEXTS[i : i + 2])) for i in range(0, 8, 2)))
+        return await asyncio.gather(*(scheduler.run(job(fake, texts)) for texts in requests))
 
     try:
         jobs = asyncio.run(main())
     finally:
         scheduler.stop(10)
+    assert scheduler.mode == "off" and not scheduler.batching
     assert [len(j.results) for j in jobs] == [2, 2, 2, 2]
     assert hist(metrics, "translator_batch_segments") == (4, 8)  # one batch per request, 2 segments each
+    assert sorted(texts for texts, _ in fake.batches) == sorted(requests)
 
 
-def test_different_options_are_not_mixed(engine):
+def test_different_options_are_not_mixed(fake):
     other = DecodingOptions(beam_size=2, num_hypotheses=2, max_length=12, length_penalty=0.6)
-    scheduler, metrics = make_scheduler(engine, max_wait_ms=100)
+    scheduler, metrics = make_scheduler(fake, max_wait_ms=100)
 
     async def main():
-        a = [scheduler.run(job(engine, [t])) for t in TEXTS[:4]]
-        b = [scheduler.run(job(engine, [t], other)) for t in TEXTS[4:]]
+        a = [scheduler.run(job(fake, [t])) for t in TEXTS[:4]]
+        b = [scheduler.run(job(fake, [t], other)) for t in TEXTS[4:]]
         return await asyncio.gather(*a, *b)
 
     try:
@@ -100,47 +198,49 @@ def test_different_options_are_not_mixed(engine):
         scheduler.stop(10)
     assert [len(j.results[0]) for j in jobs] == [1, 1, 1, 1, 2, 2, 2, 2]  # n-best sizes kept apart
     assert hist(metrics, "translator_batch_segments") == (2, 8)
+    assert sorted((texts, o) for texts, o in fake.batches) == [(TEXTS[:4], GREEDY), (TEXTS[4:], other)]
 
 
-def test_token_budget_splits_batches(engine):
-    counts = engine.count_tokens(TEXTS)
+def test_token_budget_splits_batches(fake):
+    counts = fake.count_tokens(TEXTS)
     budget = max(counts) * 3  # at most 3 of the longest per batch (greedy: beam 1)
     assert sum(counts) > budget
-    scheduler, metrics = make_scheduler(engine, max_batch_tokens=budget, max_wait_ms=50)
+    scheduler, metrics = make_scheduler(fake, max_batch_tokens=budget, max_wait_ms=50)
 
     async def main():
-        return await scheduler.run(job(engine, TEXTS))
+        return await scheduler.run(job(fake, TEXTS))
 
     try:
         result = asyncio.run(main())
     finally:
         scheduler.stop(10)
-    assert texts_of(result.results) == texts_of(engine.translate(TEXTS, GREEDY))
+    assert texts_of(result.results) == texts_of(fake.translate(TEXTS, GREEDY))
     batches, segments = hist(metrics, "translator_batch_segments")
     assert segments == len(TEXTS) and batches >= 2
+    for texts, _ in fake.batches[: int(batches)]:  # padded tokens x beam within the budget
+        assert max(fake.count_tokens(texts)) * len(texts) <= budget
 
 
-def test_select_groups_similar_lengths(engine):
-    scheduler, _ = make_scheduler(engine, max_batch_tokens=40)
+def test_select_groups_similar_lengths(fake):
+    scheduler, _ = make_scheduler(fake, max_batch_tokens=40)
     try:
         lengths = [10, 2, 9, 3, 10, 1, 2]
         j = Job(["x"] * len(lengths), lengths, GREEDY)
-        from server.scheduler import _Segment
-
-        segs = [_Segment(j, i, i, 0.0) for i in range(len(lengths))]
-        batch = scheduler._select(segs[0], segs)  # head has 10 tokens: budget 40 = 4 rows x 10
+        segs = [Segment(j, i, i, 0.0) for i in range(len(lengths))]
+        select = scheduler.strategy.select
+        batch = select(segs[0], segs)  # head has 10 tokens: budget 40 = 4 rows x 10
         assert sorted(s.tokens for s in batch) == [3, 9, 10, 10]
-        batch = scheduler._select(segs[1], segs)  # head has 2 tokens: the short ones go together
+        batch = select(segs[1], segs)  # head has 2 tokens: the short ones go together
         assert sorted(s.tokens for s in batch)[:4] == [1, 2, 2, 3]
     finally:
         scheduler.stop(1)
 
 
-def test_lone_request_waits_about_max_wait(engine):
-    scheduler, _ = make_scheduler(engine, max_wait_ms=50)
+def test_lone_request_waits_about_max_wait(fake):
+    scheduler, _ = make_scheduler(fake, max_wait_ms=50)
 
     async def main():
-        return await scheduler.run(job(engine, ["Open the file"]))
+        return await scheduler.run(job(fake, ["Open the file"]))
 
     try:
         j = asyncio.run(main())
@@ -149,11 +249,11 @@ def test_lone_request_waits_about_max_wait(engine):
     assert 0.045 <= j.queue_s < 0.3
 
 
-def test_cancel_and_deadline_drop_rows_and_queue(engine):
-    scheduler, metrics = make_scheduler(engine, max_wait_ms=1, max_queue_segments=64)
+def cancel_and_deadline(engine, scheduler: Scheduler) -> tuple[float, Job]:
+    """A long batch occupies the engine; a request queued behind it expires in the queue; the long one
+    is cancelled mid-decode and a new request goes through quickly. Returns (time to that, its job)."""
 
     async def main():
-        # A long batch occupies the engine; a second request waits in the queue behind it.
         running = asyncio.ensure_future(scheduler.run(job(engine, LONG_TEXTS, LONG)))
         await asyncio.sleep(0.3)
         assert scheduler.queue_depth == 0
@@ -173,36 +273,38 @@ def test_cancel_and_deadline_drop_rows_and_queue(engine):
         j = await scheduler.run(job(engine, ["Print"]))
         return time.monotonic() - t0, j
 
+    return asyncio.run(main())
+
+
+def test_cancel_and_deadline_drop_rows_and_queue(slow_fake):
+    scheduler, metrics = make_scheduler(slow_fake, max_wait_ms=1, max_queue_segments=64)
     try:
-        elapsed, j = asyncio.run(main())
+        elapsed, j = cancel_and_deadline(slow_fake, scheduler)
     finally:
         scheduler.stop(10)
     assert j.results[0][0].text
     assert elapsed < 2.0
-    samples = {
-        (s.name, s.labels.get("outcome")): s.value
-        for m in metrics.registry.collect()
-        if m.name == "translator_segments"
-        for s in m.samples
-    }
-    assert samples[("translator_segments_total", "dropped_deadline")] == 1
-    assert samples[("translator_segments_total", "dropped_cancelled")] == len(LONG_TEXTS)
+    dropped = outcomes(metrics)
+    assert dropped["dropped_deadline"] == 1
+    assert dropped["dropped_cancelled"] == len(LONG_TEXTS)
+    long_batch = slow_fake.batches[0]
+    assert long_batch == (LONG_TEXTS, LONG) and slow_fake.batches[1:] == [(["Print"], GREEDY)]
 
 
-def test_queue_full(engine):
-    scheduler, _ = make_scheduler(engine, max_wait_ms=1, max_queue_segments=32)
+def test_queue_full(slow_fake):
+    scheduler, _ = make_scheduler(slow_fake, max_wait_ms=1, max_queue_segments=32)
 
     async def main():
-        running = asyncio.ensure_future(scheduler.run(job(engine, LONG_TEXTS, LONG)))
+        running = asyncio.ensure_future(scheduler.run(job(slow_fake, LONG_TEXTS, LONG)))
         await asyncio.sleep(0.3)
-        queued = asyncio.ensure_future(scheduler.run(job(engine, LONG_TEXTS[:30])))
+        queued = asyncio.ensure_future(scheduler.run(job(slow_fake, LONG_TEXTS[:30])))
         await asyncio.sleep(0.05)
         assert scheduler.queue_depth == 30
         with pytest.raises(QueueFullError) as e:
-            scheduler.submit(job(engine, TEXTS[:3]))
+            scheduler.submit(job(slow_fake, TEXTS[:3]))
         assert e.value.retry_after_ms > 0
         assert "retry" in str(e.value)
-        extra = scheduler.submit(job(engine, TEXTS[:2]))  # still fits
+        extra = scheduler.submit(job(slow_fake, TEXTS[:2]))  # still fits
         assert scheduler.queue_depth == 32
         running.cancel()
         queued.cancel()
@@ -215,28 +317,47 @@ def test_queue_full(engine):
         scheduler.stop(10)
 
 
-# ---- in-flight mode -------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["request", "inflight"])
+def test_engine_failures_and_refusals(mode):
+    """An engine that raises fails the batch's requests (EngineFailure, counted as an engine error); input
+    it refuses (InputTooLongError, InvalidOptionsError) is InvalidInput; the scheduler serves on."""
+    fake = FakeEngine(step_s=0.001, fail_on="Print")
+    scheduler, metrics = make_scheduler(fake, mode=mode, max_wait_ms=1)
+    too_long = "x " * (fake.max_source_tokens + 1)
 
-BEAM2 = DecodingOptions(beam_size=2, num_hypotheses=2, max_length=10, length_penalty=0.6)
-BEAM4 = DecodingOptions(beam_size=4, num_hypotheses=1, max_length=16, length_penalty=1.0)
+    async def main():
+        with pytest.raises(EngineFailure, match="fake engine failure"):
+            await scheduler.run(job(fake, ["Print"]))
+        with pytest.raises(InvalidInput, match="over the limit"):
+            await scheduler.run(Job([too_long], [1], GREEDY))  # the caller's count was wrong
+        with pytest.raises(InvalidInput, match="beam_size=99"):
+            await scheduler.run(job(fake, ["Open the file"], DecodingOptions(beam_size=99)))
+        return await scheduler.run(job(fake, TEXTS[:2]))
+
+    try:
+        ok = asyncio.run(main())
+    finally:
+        scheduler.stop(10)
+    assert scheduler.mode == mode
+    assert ok.results == [fake.translate([t], GREEDY)[0] for t in TEXTS[:2]]
+    errors = {s.name: s.value for m in metrics.registry.collect() for s in m.samples}
+    assert errors["translator_engine_errors_total"] == 1  # refusals are not engine errors
+    assert outcomes(metrics)["failed"] == 3 and outcomes(metrics)["translated"] == 2
 
 
-@pytest.mark.parametrize("storage", ["host", "device"])
-def test_inflight_random_arrivals_mixed_beams_match_solo(engine, tiny_bundle, storage):
-    """Also with K/V as OrtValues changed by the kv_rows graph (IOBinding, the CUDA path) on the CPU."""
-    import random
+# ---- in-flight batching (fake engine) -------------------------------------------------------------------
 
-    rng = random.Random(7)
-    plan = [(rng.uniform(0, 0.4), rng.sample(TEXTS, rng.randint(1, 3)), rng.choice([GREEDY, BEAM2, BEAM4]))]
-    plan += [
+
+def random_plan(seed: int = 7) -> list[tuple[float, list[str], DecodingOptions]]:
+    """12 requests of 1-3 texts arriving over 0.4 s with mixed beams."""
+    rng = random.Random(seed)
+    return [
         (rng.uniform(0, 0.4), rng.sample(TEXTS, rng.randint(1, 3)), rng.choice([GREEDY, BEAM2, BEAM4]))
-        for _ in range(11)
+        for _ in range(12)
     ]
-    solo = {(t, o): engine.translate([t], o)[0] for _, texts, o in plan for t in texts}
-    served_by = engine if storage == "host" else Engine(tiny_bundle, intra_op_threads=1, io_binding=True)
-    scheduler, metrics = make_scheduler(served_by, mode="inflight")
-    assert scheduler.mode == "inflight" and served_by.generator.inflight_on_device == (storage == "device")
 
+
+def run_plan(scheduler: Scheduler, engine, plan) -> list[Job]:
     async def one(delay, texts, options):
         await asyncio.sleep(delay)
         return await scheduler.run(job(engine, texts, options))
@@ -245,13 +366,16 @@ def test_inflight_random_arrivals_mixed_beams_match_solo(engine, tiny_bundle, st
         return await asyncio.gather(*(one(*p) for p in plan))
 
     try:
-        jobs = asyncio.run(main())
+        return asyncio.run(main())
     finally:
         scheduler.stop(10)
+
+
+def check_plan(plan, jobs, solo, scheduler: Scheduler, metrics: Metrics) -> None:
+    """Every result is the solo one; steps were shared and counted."""
     for (_, texts, options), j in zip(plan, jobs, strict=True):
         for text, hyps in zip(texts, j.results, strict=True):
-            want = solo[text, options]
-            assert [(h.text, h.tokens, h.score) for h in hyps] == [(h.text, h.tokens, h.score) for h in want]
+            assert nbest(hyps) == nbest(solo[text, options])
     assert scheduler.steps > 0
     steps = {s.name: s.value for m in metrics.registry.collect() for s in m.samples}
     assert steps["translator_decode_steps_total"] == scheduler.steps
@@ -260,15 +384,30 @@ def test_inflight_random_arrivals_mixed_beams_match_solo(engine, tiny_bundle, st
     assert hist(metrics, "translator_time_to_first_step_seconds")[0] == sum(len(t) for _, t, _ in plan)
 
 
-def test_inflight_short_request_does_not_wait_for_long_one(engine):
-    scheduler, metrics = make_scheduler(engine, mode="inflight")
+def test_inflight_random_arrivals_mixed_beams_match_solo(slow_fake):
+    plan = random_plan()
+    solo = {(t, o): SOLO.translate([t], o)[0] for _, texts, o in plan for t in texts}
+    scheduler, metrics = make_scheduler(slow_fake, mode="inflight")
+    assert scheduler.mode == "inflight"
+    jobs = run_plan(scheduler, slow_fake, plan)
+    check_plan(plan, jobs, solo, scheduler, metrics)
+    (rb,) = slow_fake.running
+    assert len(rb.step_rows) == scheduler.steps and len(rb) == 0 and not rb.dropped
+    assert any(len(beams) > 1 for beams in rb.step_beams), "mixed beams never shared a step"
+    assert scheduler.strategy.load == (0, 0, 0) and not scheduler.strategy.running
+
+
+def test_inflight_short_request_does_not_wait_for_long_one(slow_fake):
+    # Seven long segments (the fake runs each to its 256-step budget): 56 of the default 64 rows, room to
+    # join for the short one.
+    scheduler, metrics = make_scheduler(slow_fake, mode="inflight")
 
     async def main():
-        long = asyncio.ensure_future(scheduler.run(job(engine, LONG_TEXTS[:8], LONG)))
+        long = asyncio.ensure_future(scheduler.run(job(slow_fake, LONG_TEXTS[:7], LONG)))
         await asyncio.sleep(0.3)
         assert not long.done()
         t0 = time.monotonic()
-        short = await scheduler.run(job(engine, ["Print"], GREEDY))
+        short = await scheduler.run(job(slow_fake, ["Print"], GREEDY))
         short_s = time.monotonic() - t0
         assert not long.done()  # joined the running batch and left it before the long one
         long.cancel()  # dropped at the next step boundary
@@ -280,37 +419,61 @@ def test_inflight_short_request_does_not_wait_for_long_one(engine):
         short, short_s = asyncio.run(main())
     finally:
         scheduler.stop(10)
-    assert short.results[0][0].text == engine.translate(["Print"], GREEDY)[0][0].text
+    assert short.results[0][0].text == SOLO.translate(["Print"], GREEDY)[0][0].text
     assert short_s < 2.0
-    dropped = {
-        s.labels["outcome"]: s.value
-        for m in metrics.registry.collect()
-        for s in m.samples
-        if s.name == "translator_segments_total"
-    }
-    assert dropped["dropped_cancelled"] >= 1  # the rows still running when it was cancelled
+    assert outcomes(metrics)["dropped_cancelled"] >= 1  # the rows still running when it was cancelled
+    (rb,) = slow_fake.running
+    assert len(rb.dropped) == 7 and len(rb) == 0  # every long segment left the batch through drop()
 
 
-def test_inflight_budget_and_fairness_preempt_later_arrivals(engine):
+def test_inflight_deadline_in_queue_and_cancel_while_running(slow_fake):
+    """Rows full: a waiting request expires in the queue; a running one cancelled leaves at the next step
+    through drop(), and the batch serves on."""
+    scheduler, metrics = make_scheduler(slow_fake, mode="inflight", max_running_rows=8)
+
+    async def main():
+        running = asyncio.ensure_future(scheduler.run(job(slow_fake, TEXTS[:1], LONG)))  # 8 rows: all
+        await asyncio.sleep(0.2)
+        waiting = job(slow_fake, ["Print"], GREEDY, deadline=time.monotonic() + 0.2)
+        with pytest.raises(RequestCancelled) as e:
+            await scheduler.run(waiting)
+        assert e.value.reason == "deadline" and waiting.first_dispatch_at is None
+        assert scheduler.queue_depth == 0 and not running.done()
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        return await scheduler.run(job(slow_fake, ["Print"], GREEDY))
+
+    try:
+        j = asyncio.run(main())
+    finally:
+        scheduler.stop(10)
+    assert j.results[0] == SOLO.translate(["Print"], GREEDY)[0]
+    (rb,) = slow_fake.running
+    assert len(rb.dropped) == 1 and max(rb.step_rows) == 8
+    assert outcomes(metrics) == {"dropped_deadline": 1, "dropped_cancelled": 1, "translated": 1}
+
+
+def test_inflight_budget_and_fairness_preempt_later_arrivals(fake):
     """A big segment B that does not fit next to a running A waits; a later small one C skips ahead;
     once B has waited max_admit_wait_steps steps (and A has left), C is preempted so that B runs, and C
     restarts later with the same result."""
-    rb = engine.running_batch()
+    rb = fake.running_batch()
     a_opts = DecodingOptions(beam_size=4, num_hypotheses=1, max_length=6, length_penalty=0.6)
     c_opts = DecodingOptions(beam_size=1, num_hypotheses=1, max_length=40, length_penalty=0.6)
     a_text, b_text, c_text = TEXTS[1], TEXTS[5], TEXTS[0]
-    a_cost = rb.cost(engine.count_tokens([a_text])[0], a_opts)
-    c_cost = rb.cost(engine.count_tokens([c_text])[0], c_opts)
-    big_cost = rb.cost(engine.count_tokens([b_text])[0], LONG)
+    a_cost = rb.cost(fake.count_tokens([a_text])[0], a_opts)
+    c_cost = rb.cost(fake.count_tokens([c_text])[0], c_opts)
+    big_cost = rb.cost(fake.count_tokens([b_text])[0], LONG)
     assert a_cost >= c_cost
     scheduler, _ = make_scheduler(
-        engine, mode="inflight", max_running_tokens=big_cost + c_cost - 1, max_admit_wait_steps=2
+        fake, mode="inflight", max_running_tokens=big_cost + c_cost - 1, max_admit_wait_steps=2
     )
 
     async def main():
         # Queued at once, in this order: A runs, B does not fit next to it, C does and skips ahead.
-        jobs = [job(engine, [a_text], a_opts), job(engine, [b_text], LONG), job(engine, [c_text], c_opts)]
-        with scheduler._cond:  # the worker sees all three together
+        jobs = [job(fake, [a_text], a_opts), job(fake, [b_text], LONG), job(fake, [c_text], c_opts)]
+        with scheduler.queue.cond:  # the worker sees all three together
             futures = [scheduler.submit(j) for j in jobs]
         return await asyncio.gather(*futures)
 
@@ -320,26 +483,28 @@ def test_inflight_budget_and_fairness_preempt_later_arrivals(engine):
         scheduler.stop(10)
     assert scheduler.preempted == 1
     for j, text, opts in ((a, a_text, a_opts), (b, b_text, LONG), (c, c_text, c_opts)):
-        want = engine.translate([text], opts)[0]
+        want = SOLO.translate([text], opts)[0]
         assert [(h.tokens, h.score) for h in j.results[0]] == [(h.tokens, h.score) for h in want]
     assert c.finished_at > b.finished_at  # C waited for B once preempted
+    served = fake.running[-1]
+    assert len(served.dropped) == 1  # C, preempted through drop()
 
 
-def test_inflight_rows_cap_bounds_the_running_batch(engine):
+def test_inflight_rows_cap_bounds_the_running_batch(fake):
     """max_running_rows counts beam rows: with 8 rows, at most two beam-4 segments (or one beam-4 and
     four greedy ones) decode together; everything still finishes with its solo result."""
-    scheduler, metrics = make_scheduler(engine, mode="inflight", max_running_rows=8)
+    scheduler, metrics = make_scheduler(fake, mode="inflight", max_running_rows=8)
     plan = [(t, BEAM4) for t in TEXTS[:5]] + [(t, GREEDY) for t in TEXTS[3:]]
 
     async def main():
-        return await asyncio.gather(*(scheduler.run(job(engine, [t], o)) for t, o in plan))
+        return await asyncio.gather(*(scheduler.run(job(fake, [t], o)) for t, o in plan))
 
     try:
         jobs = asyncio.run(main())
     finally:
         scheduler.stop(10)
     for (text, options), j in zip(plan, jobs, strict=True):
-        assert j.results[0][0].tokens == engine.translate([text], options)[0][0].tokens
+        assert j.results[0][0].tokens == fake.translate([text], options)[0][0].tokens
     buckets = {
         s.labels["le"]: s.value
         for m in metrics.registry.collect()
@@ -348,23 +513,86 @@ def test_inflight_rows_cap_bounds_the_running_batch(engine):
     }
     steps = scheduler.steps
     assert steps > 0 and buckets["8.0"] == steps  # no step ran more than 8 rows
-    assert scheduler._load == (0, 0, 0)
+    assert scheduler.strategy.load == (0, 0, 0)
+    (rb,) = fake.running
+    assert max(rb.step_rows) == 8 and len(rb.step_rows) == steps
 
 
-def test_inflight_falls_back_without_per_row_positions(engine, monkeypatch):
+def test_inflight_falls_back_without_per_row_positions(caplog):
+    old = FakeEngine(supports_inflight=False)
+    scheduler, _ = make_scheduler(old, mode="inflight")
+    try:
+        assert scheduler.mode == "request"
+    finally:
+        scheduler.stop(5)
+    assert "lacks per-row positions" in caplog.text and not old.running
+    with pytest.raises(ValueError, match="batching mode"):
+        Scheduler(old, mode="sometimes")
+
+
+# ---- the real engine (tiny exported bundle) --------------------------------------------------------------
+
+
+def test_real_concurrent_requests_share_batches_and_match_solo(engine):
+    solo = [r[0].text for r in (engine.translate([t], GREEDY)[0] for t in TEXTS)]
+    scheduler, metrics = make_scheduler(engine, max_wait_ms=50)
+
+    async def main():
+        return await asyncio.gather(*(scheduler.run(job(engine, [t])) for t in TEXTS))
+
+    try:
+        jobs = asyncio.run(main())
+    finally:
+        scheduler.stop(10)
+    assert [texts_of(j.results)[0] for j in jobs] == solo
+    batches, segments = hist(metrics, "translator_batch_segments")
+    assert segments == len(TEXTS)
+    assert batches < len(TEXTS), "concurrent single-text requests should be batched together"
+
+
+def test_real_cancel_and_deadline_drop_rows_and_queue(engine):
+    """The real engine's cancelled callback drops the long batch's rows mid-decode."""
+    scheduler, metrics = make_scheduler(engine, max_wait_ms=1, max_queue_segments=64)
+    try:
+        elapsed, j = cancel_and_deadline(engine, scheduler)
+    finally:
+        scheduler.stop(10)
+    assert j.results[0][0].text
+    assert elapsed < 2.0
+    dropped = outcomes(metrics)
+    assert dropped["dropped_deadline"] == 1
+    assert dropped["dropped_cancelled"] == len(LONG_TEXTS)
+
+
+@pytest.mark.parametrize("storage", ["host", "device"])
+def test_real_inflight_random_arrivals_mixed_beams_match_solo(engine, tiny_bundle, storage):
+    """Bit-identical to solo through the real RunningBatch; also with K/V as OrtValues changed by the
+    kv_rows graph (IOBinding, the CUDA path) on the CPU."""
+    from server.engine import Engine
+
+    plan = random_plan()
+    solo = {(t, o): engine.translate([t], o)[0] for _, texts, o in plan for t in texts}
+    served_by = engine if storage == "host" else Engine(tiny_bundle, intra_op_threads=1, io_binding=True)
+    scheduler, metrics = make_scheduler(served_by, mode="inflight")
+    assert scheduler.mode == "inflight" and served_by.generator.inflight_on_device == (storage == "device")
+    jobs = run_plan(scheduler, engine, plan)
+    check_plan(plan, jobs, solo, scheduler, metrics)
+
+
+def test_real_inflight_falls_back_without_per_row_positions(engine, monkeypatch):
     monkeypatch.setattr(engine.generator, "row_positions", False)
     scheduler, _ = make_scheduler(engine, mode="inflight")
     try:
         assert scheduler.mode == "request"
     finally:
         scheduler.stop(5)
-    with pytest.raises(ValueError, match="batching mode"):
-        Scheduler(engine, mode="sometimes")
 
 
-def test_inflight_warns_when_the_cache_would_cross_the_bus(tiny_bundle, tmp_path, caplog):
+def test_real_inflight_warns_when_the_cache_would_cross_the_bus(tiny_bundle, tmp_path, caplog):
     """Device sessions (IOBinding) with a bundle exported before the kv_rows graph: in-flight batching
     works from host memory, and the operator is told to re-export."""
+    from server.engine import Engine
+
     bundle = copy_without_kv_rows(tiny_bundle, tmp_path / "bundle")
     for path, copies in ((tiny_bundle, False), (bundle, True)):
         engine = Engine(path, intra_op_threads=1, io_binding=True)

@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from client import StreamItem, TranslatorClient, TranslatorError
 from proto.gen.translator.v1 import translator_pb2 as pb
 from proto.gen.translator.v1 import translator_pb2_grpc as pb_grpc
-from tests.conftest import wait_serving
+from tests.conftest import RunningServer, base_config, wait_serving
 
 SENTENCES = [
     "Open the file",
@@ -282,19 +282,49 @@ def test_queue_overflow_is_resource_exhausted(start_server, tiny_bundle):
 # ---- lifecycle ----------------------------------------------------------------------------------------
 
 
-def test_checkpoint_dir_exported_while_not_serving(start_server, tiny_checkpoint, tmp_path):
-    server = start_server(tiny_checkpoint, wait_ready=False, bundles_dir=str(tmp_path))
-    with TranslatorClient(server.target, timeout=5, retries=0) as c:
-        assert c.health() == "NOT_SERVING"  # exporting the checkpoint takes seconds
-        assert c.health("translator.v1.Translator") == "NOT_SERVING"
-        with pytest.raises(TranslatorError) as e:
-            c.translate(["Open the file"])
-        assert e.value.code == grpc.StatusCode.UNAVAILABLE and "loading" in e.value.details
-    # A client that retries UNAVAILABLE with backoff gets through once the model is up.
-    with TranslatorClient(server.target, timeout=120, retries=100, backoff=0.2, max_backoff=1.0) as c:
-        assert c.translate(["Open the file"], max_length=5)[0].text
-        assert c.health() == "SERVING"
-    assert (tmp_path / tiny_checkpoint.name / "manifest.json").is_file()
+def test_not_serving_while_the_model_loads(server_loop, tiny_bundle):
+    """The port opens before the model is loaded: health NOT_SERVING and Translate UNAVAILABLE
+    "loading" meanwhile; a client that retries UNAVAILABLE with backoff gets through once it is up."""
+    from server.app import default_engine_factory
+
+    loading = threading.Event()
+
+    def slow_factory(bundle_dir, config):
+        loading.wait(60)
+        return default_engine_factory(bundle_dir, config)
+
+    server = RunningServer(server_loop, base_config(tiny_bundle))
+    server.server.engine_factory = slow_factory
+    try:
+        server.start(wait_ready=False)
+        with TranslatorClient(server.target, timeout=5, retries=0) as c:
+            assert c.health() == "NOT_SERVING"
+            assert c.health("translator.v1.Translator") == "NOT_SERVING"
+            with pytest.raises(TranslatorError) as e:
+                c.translate(["Open the file"])
+            assert e.value.code == grpc.StatusCode.UNAVAILABLE and "loading" in e.value.details
+        threading.Timer(0.5, loading.set).start()  # the load finishes while the client retries
+        with TranslatorClient(server.target, timeout=120, retries=100, backoff=0.2, max_backoff=1.0) as c:
+            assert c.translate(["Open the file"], max_length=5)[0].text
+            assert c.health() == "SERVING"
+    finally:
+        loading.set()
+        server.stop(1)
+
+
+def test_checkpoint_dir_fails_the_start_with_the_export_command(server_process, tiny_checkpoint, tmp_path):
+    """The server serves bundles only: a training checkpoint exits 1 at once (nothing bound, nothing
+    exported) with the command that makes its bundle."""
+    bundles = tmp_path / "bundles"
+    proc = server_process(
+        {"TRANSLATOR_MODEL_DIR": str(tiny_checkpoint), "TRANSLATOR_BUNDLES_DIR": str(bundles)}
+    )
+    assert proc.proc.wait(60) == 1
+    (error,) = [line for line in proc.log_lines() if line["level"] == "ERROR"]
+    out = bundles / tiny_checkpoint.name
+    assert f"python -m export --checkpoint {tiny_checkpoint} --out {out}" in error["msg"]
+    assert f"--model-dir {out}" in error["msg"]
+    assert not bundles.exists()
 
 
 def test_sigterm_drains_in_flight_and_exits_0(server_process, tiny_bundle):

@@ -1,7 +1,7 @@
 """Throughput/latency benchmark: the ONNX engine against PyTorch (with and without KV cache) and
 CTranslate2 with the same weights, on the same test sentences, in one run.
 
-    python -m export.bench --model models/en-es-small --bundle bundles/en-es-small \\
+    python -m bench.engine_speed --model models/en-es-small --bundle bundles/en-es-small \\
         [--sentences 64] [--reps 3] [--threads 2] [--json bench.json] [--profile]
 
 Every system translates text to text (tokenization and detokenization included) with the same thread

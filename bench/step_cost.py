@@ -1,7 +1,7 @@
 """Cost of one decoder step of a bundle, by batch rows and cache capacity: the cost model behind the
 batching modes (docs/service.md, "Batching modes").
 
-    python -m export.step_cost --bundle bundles/en-es-small --threads 1 [--json out.json]
+    python -m bench.step_cost --bundle bundles/en-es-small --threads 1 [--json out.json]
         [--device cuda --cache host,device]
 
 Runs the bundle's decoder-step graph through the engine's own call paths on synthetic inputs (rows at
@@ -27,14 +27,15 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from server.engine import Engine, _BoundCache, _NumpyCache
+from server.engine import Engine
+from server.engine.cache import BoundCache, NumpyCache
 
 
 def step_ms(
     engine: Engine, rows: int, capacity: int, source: int, iters: int, reps: int, cache: str = "host"
 ) -> float:
     g = engine.generator
-    host = _NumpyCache(g)
+    host = NumpyCache(g.graphs)
     bias, cross = host.encode(np.full((rows, source), 5, dtype=np.int64))
     rng = np.random.default_rng(0)
     past: list[Any] = [
@@ -49,7 +50,7 @@ def step_ms(
     }
     step = host.step
     if cache == "device":
-        bound = g.cache if isinstance(g.cache, _BoundCache) else _BoundCache(g, "cpu", 0)
+        bound = g.cache if isinstance(g.cache, BoundCache) else BoundCache(g.graphs, "cpu", 0)
         cross = [ort.OrtValue.ortvalue_from_numpy(x, bound.dev, bound.dev_id) for x in cross]
         past = [ort.OrtValue.ortvalue_from_numpy(x, bound.dev, bound.dev_id) for x in past]
         step = bound.step
@@ -76,7 +77,7 @@ def engine_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = engine_parser("python -m export.step_cost", __doc__)
+    p = engine_parser("python -m bench.step_cost", __doc__)
     p.add_argument("--cache", default="host", help="where K/V live between steps: host, device or both")
     p.add_argument("--rows", default="1,2,4,8,16,32,64")
     p.add_argument("--capacities", default="16,64,128")

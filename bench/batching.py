@@ -1,6 +1,6 @@
 """Batching modes benchmark: off vs request-level vs in-flight, on one machine, in one run.
 
-    python -m client.bench_batching --model-dir bundles/en-es-small --out bench-batching.json \
+    python -m bench.batching --model-dir bundles/en-es-small --out bench-batching.json \
         --server-cpus 1 --threads 1
 
 Starts one server per mode (`python -m server --batching-mode MODE` on 127.0.0.1, free ports), pinned
@@ -36,7 +36,6 @@ import json
 import os
 import random
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,16 +45,10 @@ import urllib.request
 from pathlib import Path
 
 from client.core import AsyncTranslatorClient, TranslatorError
-from client.load import load_sentences, percentile, run_requests
+from client.load import free_port, load_sentences, percentile, run_requests
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODES = ("off", "request", "inflight")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
@@ -339,7 +332,7 @@ def plot(report: dict, path: Path) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m client.bench_batching",
+        prog="python -m bench.batching",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

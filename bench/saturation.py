@@ -1,7 +1,7 @@
 """Engine throughput at saturation: request-level batches against the in-flight batch, same sentences,
 one process (no gRPC, no scheduler, no arrivals): the ceiling each batching mode can reach, and why.
 
-    python -m export.saturation --bundle bundles/en-es-small --threads 1 [--device cuda]
+    python -m bench.saturation --bundle bundles/en-es-small --threads 1 [--device cuda]
         [--io-binding] [--beams 1,4] [--sentences 300] [--batch 32] [--rows 64] [--reps 3] [--json out.json]
 
 Modes, every one translating all the sentences (text to text) with the bundle's decoding defaults:
@@ -32,8 +32,8 @@ from typing import Any
 
 import onnxruntime as ort
 
-from export.step_cost import engine_parser
-from model.corpus import source_sentences
+from bench.step_cost import engine_parser
+from runtime.splits import source_sentences
 from server.engine import BatchItem, DecodingOptions, Engine
 
 MODES = ("request-arrival", "request-sorted", "inflight")
@@ -71,13 +71,13 @@ class _TimedSession:
 
 
 def time_sessions(engine: Engine) -> list[float]:
-    """Time every graph run of the engine's generator from now on (each of its session attributes is
-    wrapped, once): returns the clock ([seconds])."""
+    """Time every graph run of the engine from now on (each session of the generator's Graphs, which
+    the cache back-ends and in-flight storages share, is wrapped once): returns the clock ([seconds])."""
     clock = [0.0]
-    g = engine.generator
-    for name, value in list(vars(g).items()):
+    graphs = engine.generator.graphs
+    for name, value in list(vars(graphs).items()):
         if isinstance(value, ort.InferenceSession):
-            setattr(g, name, _TimedSession(value, clock))
+            setattr(graphs, name, _TimedSession(value, clock))
     return clock
 
 
@@ -145,7 +145,7 @@ def measure(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = engine_parser("python -m export.saturation", __doc__)
+    p = engine_parser("python -m bench.saturation", __doc__)
     p.add_argument(
         "--io-binding",
         action=argparse.BooleanOptionalAction,

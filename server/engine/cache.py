@@ -1,0 +1,187 @@
+"""The two KV-cache back-ends of the request path: where K/V live between decoder steps.
+
+Both run the encoder and one decoder step and turn a step's new K/V into the next step's cache
+(`advance`: reorder rows by beam origin, append at slot t) and drop rows (`take`):
+
+* `NumpyCache` (CPU): numpy arrays with spare time capacity; greedy steps write in place, a beam reorder
+  is one contiguous np.take into a second, reused buffer.
+* `BoundCache` (IOBinding: CUDA, or the CPU provider in tests): OrtValues on the device, reordered and
+  appended there by the bundle's cache graph; only ids, scores and candidates cross the bus.
+
+A back-end gets the sessions and the model interface (a `Graphs`) explicitly; it knows nothing of the
+Generator that drives it. `bind_input` and `shape_of` also serve the in-flight device storage (rows.py).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from runtime.bundle import BundleError
+from server.engine.sessions import Graphs
+
+__all__ = ["BoundCache", "NumpyCache", "bind_input", "shape_of"]
+
+
+def shape_of(x: Any) -> tuple[int, ...]:
+    """Shape of a numpy array or an OrtValue (where shape is a method)."""
+    return tuple(x.shape()) if callable(x.shape) else x.shape
+
+
+def bind_input(io: Any, name: str, value: Any) -> None:
+    """Bind a numpy array (e.g. the zero-length cache of the first step) or an OrtValue as an input."""
+    if isinstance(value, np.ndarray):
+        io.bind_cpu_input(name, value)
+    else:
+        io.bind_ortvalue_input(name, value)
+
+
+class NumpyCache:
+    """CPU path: numpy arrays. The self-attention cache has spare capacity along time (a multiple of
+    CAPACITY_STEP): in greedy steps the new K/V are written in place (no copy of the cache at all); a
+    beam reorder is one contiguous np.take into a second, reused buffer."""
+
+    trims_source = True
+    CAPACITY_STEP = 16
+
+    @staticmethod
+    def slots(n: Any) -> Any:
+        """n time slots (an int or an array of them) rounded up to a multiple of CAPACITY_STEP."""
+        step = NumpyCache.CAPACITY_STEP
+        return -(-n // step) * step
+
+    def __init__(self, graphs: Graphs) -> None:
+        self.graphs = graphs
+        self._sets: list[list[np.ndarray | None]] = [[], []]  # double buffer: never read and write one set
+        self._flip = 0
+
+    def encode(self, src: np.ndarray) -> tuple[np.ndarray, list[Any]]:
+        gr = self.graphs
+        out = gr.encoder.run(gr.encoder_outputs, {"src_ids": src})
+        return out[0], out[1:]
+
+    def empty_past(self, rows: int) -> list[Any]:
+        return [self.graphs.empty_kv(rows)] * (2 * self.graphs.n_layers)
+
+    def step(self, feed: dict[str, np.ndarray], cross: list[Any], past: list[Any]) -> tuple[Any, ...]:
+        gr = self.graphs
+        feed.update(zip(gr.cross_names, cross, strict=True))
+        feed.update(zip(gr.past_names, past, strict=True))
+        out = gr.decoder.run(gr.step_outputs, feed)
+        return out[0], out[1], out[2:]
+
+    def buffers(self, like: list[np.ndarray], rows: int, capacity: int) -> list[np.ndarray]:
+        """Zero-initialised, reused arrays (rows, H, capacity, Dh): spare entries must stay finite, and a
+        fresh allocation per step would page-fault its memory in every time (slower than the copy)."""
+        bufs = self._sets[self._flip]
+        self._flip ^= 1
+        if len(bufs) != len(like):
+            bufs[:] = [None] * len(like)
+        out = []
+        for j, x in enumerate(like):
+            shape = (rows, x.shape[1], capacity, x.shape[3])
+            n = math.prod(shape)
+            buf = bufs[j]
+            if buf is None or buf.size < n or buf.dtype != x.dtype:
+                buf = bufs[j] = np.zeros(n + n // 2, dtype=x.dtype)
+            out.append(buf[:n].reshape(shape))
+        return out
+
+    def advance(self, past: list[Any], new: list[Any], rows: np.ndarray | None, t: int) -> list[Any]:
+        """The cache of the next step: rows `rows` (None = same rows, same order) of past[:, :, :t] with
+        this step's K/V written at index t."""
+        capacity = past[0].shape[2]
+        if rows is None and t < capacity:
+            for p, x in zip(past, new, strict=True):
+                p[:, :, t] = x[:, :, 0]
+            return past
+        n_rows = past[0].shape[0] if rows is None else rows.size
+        if t < capacity:
+            dest = self.buffers(past, n_rows, capacity)
+            for p, x, d in zip(past, new, dest, strict=True):
+                np.take(p, rows, axis=0, out=d, mode="clip")  # contiguous; rows are always in range
+                d[:, :, t] = x[rows, :, 0]
+            return dest
+        dest = self.buffers(past, n_rows, self.slots(t + 1))
+        for p, x, d in zip(past, new, dest, strict=True):
+            d[:, :, :t] = p[:, :, :t] if rows is None else p[rows, :, :t]
+            d[:, :, t] = x[:, :, 0] if rows is None else x[rows, :, 0]
+        return dest
+
+    def take(self, tensors: list[Any], idx: np.ndarray, src_len: int | None = None) -> list[Any]:
+        if src_len is None:
+            return [np.take(x, idx, axis=0) for x in tensors]
+        return [np.ascontiguousarray(x[idx, :, :src_len]) for x in tensors]
+
+    def release(self) -> None:
+        self._sets = [[], []]
+
+
+class BoundCache:
+    """IOBinding path (CUDA; also runs on CPU for tests): K/V live as OrtValues on the device and are
+    reordered/appended there by the bundle's cache graph; only ids, scores and candidates cross the bus."""
+
+    trims_source = False
+
+    def __init__(self, graphs: Graphs, device_type: str, device_id: int) -> None:
+        if graphs.cache is None:
+            raise BundleError("the IOBinding path needs the bundle's cache graph")
+        self.graphs, self.dev, self.dev_id = graphs, device_type, device_id
+
+    def encode(self, src: np.ndarray) -> tuple[np.ndarray, list[Any]]:
+        gr = self.graphs
+        io = gr.encoder.io_binding()
+        io.bind_cpu_input("src_ids", src)
+        io.bind_output("src_bias", "cpu")
+        for name in gr.cross_names:
+            io.bind_output(name, self.dev, self.dev_id)
+        gr.encoder.run_with_iobinding(io)
+        out = io.get_outputs()
+        return out[0].numpy(), list(out[1:])
+
+    def empty_past(self, rows: int) -> list[Any]:
+        return [self.graphs.empty_kv(rows)] * (2 * self.graphs.n_layers)
+
+    def step(self, feed: dict[str, np.ndarray], cross: list[Any], past: list[Any]) -> tuple[Any, ...]:
+        gr = self.graphs
+        io = gr.decoder.io_binding()
+        for name, value in feed.items():
+            io.bind_cpu_input(name, value)
+        for name, value in zip(gr.cross_names, cross, strict=True):
+            bind_input(io, name, value)
+        for name, value in zip(gr.past_names, past, strict=True):
+            bind_input(io, name, value)
+        io.bind_output("topk_scores", "cpu")
+        io.bind_output("topk_indices", "cpu")
+        for name in gr.new_kv_names:
+            io.bind_output(name, self.dev, self.dev_id)
+        gr.decoder.run_with_iobinding(io)
+        out = io.get_outputs()
+        return out[0].numpy(), out[1].numpy(), list(out[2:])
+
+    def _run_cache(self, xs: list[Any], ns: list[Any], idx: np.ndarray) -> list[Any]:
+        graph = self.graphs.cache
+        assert graph is not None  # checked in __init__
+        io = graph.io_binding()
+        io.bind_cpu_input("idx", np.ascontiguousarray(idx, dtype=np.int64))
+        for j, (x, n) in enumerate(zip(xs, ns, strict=True)):
+            bind_input(io, f"x_{j}", x)
+            bind_input(io, f"n_{j}", n)
+            io.bind_output(f"y_{j}", self.dev, self.dev_id)
+        graph.run_with_iobinding(io)
+        return list(io.get_outputs())
+
+    def advance(self, past: list[Any], new: list[Any], rows: np.ndarray | None, t: int) -> list[Any]:
+        if rows is None:
+            rows = np.arange(shape_of(past[0])[0])
+        return self._run_cache(past, new, rows)
+
+    def take(self, tensors: list[Any], idx: np.ndarray, src_len: int | None = None) -> list[Any]:
+        n, h, _, d = shape_of(tensors[0])
+        nothing = np.zeros((n, h, 0, d), dtype=self.graphs.kv_dtype)  # zero-length: a plain row gather
+        return self._run_cache(tensors, [nothing] * len(tensors), idx)
+
+    def release(self) -> None:
+        pass

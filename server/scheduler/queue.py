@@ -1,0 +1,215 @@
+"""The scheduler's one queue: where segments wait, and where their results and errors go.
+
+Shared by both batching strategies (`request_level`, `inflight`): admission limit (``max_queue_segments``)
+and retry hints, purging of cancelled and expired jobs, resolving each job's future exactly once from
+any thread, routing one segment's result to its job, and the metrics of all that. The strategies hold
+``cond`` while they look at or take from ``segments``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from server.contract import Hypothesis
+from server.scheduler.jobs import (
+    Job,
+    QueueFullError,
+    RequestCancelled,
+    SchedulerError,
+    SchedulerStopped,
+    Segment,
+)
+
+if TYPE_CHECKING:
+    from server.metrics import Metrics
+
+
+class SegmentQueue:
+    """Queued segments in arrival order, guarded by ``cond``; results routed back to each job's future."""
+
+    def __init__(self, metrics: Metrics | None, max_segments: int) -> None:
+        self.metrics = metrics
+        self.max_segments = max_segments
+        self.segments: list[Segment] = []  # arrival order
+        self.tokens = 0  # source tokens of the queued segments
+        self.cond = threading.Condition()
+        self.stopping = False
+        self._seq = itertools.count()
+        self._segments_per_s = 0.0  # EMA of engine throughput, for retry hints
+
+    def __len__(self) -> int:
+        return len(self.segments)
+
+    # ---- caller side (event loop) ----------------------------------------------------------------
+
+    def submit(self, job: Job) -> asyncio.Future:
+        """Queue a job's segments; returns a future resolved with the job (results filled) or a
+        SchedulerError. Raises QueueFullError at once when the queue cannot take the segments."""
+        loop = asyncio.get_running_loop()
+        job._loop, job._future = loop, loop.create_future()
+        # An abandoned waiter (cancelled, timed out) leaves the error unread: mark it retrieved.
+        job._future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        n = len(job.texts)
+        job.results = [None] * n
+        job.remaining = n
+        if n == 0:
+            job.done, job.finished_at = True, time.monotonic()
+            job._future.set_result(job)
+            return job._future
+        with self.cond:
+            if self.stopping:
+                raise SchedulerStopped("server is shutting down")
+            if len(self.segments) + n > self.max_segments:
+                raise QueueFullError(len(self.segments), self.max_segments, self.retry_after_ms())
+            now = time.monotonic()
+            for i in range(n):
+                self.segments.append(Segment(job, i, next(self._seq), now))
+            self.tokens += job.input_tokens
+            self.update_gauges()
+            self.cond.notify()
+        return job._future
+
+    def stop(self) -> None:
+        """No more submissions; the worker finishes what is queued."""
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+
+    # ---- bookkeeping (any thread) -----------------------------------------------------------------
+
+    def retry_after_ms(self) -> int:
+        rate = self._segments_per_s
+        if rate <= 0:
+            return 1000
+        return int(min(30_000, max(100, 1000 * len(self.segments) / rate)))
+
+    def note_rate(self, rate: float) -> None:
+        """Fold a measured engine throughput (segments/s) into the EMA behind retry hints."""
+        self._segments_per_s = rate if self._segments_per_s == 0 else 0.8 * self._segments_per_s + 0.2 * rate
+
+    def update_gauges(self) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_segments.set(len(self.segments))
+            self.metrics.queue_tokens.set(self.tokens)
+
+    def count(self, outcome: str, n: int = 1) -> None:
+        """Count segments by outcome: translated, failed, dropped_cancelled, dropped_deadline."""
+        if self.metrics is not None and n:
+            self.metrics.segments.labels(outcome=outcome).inc(n)
+
+    def engine_error(self) -> None:
+        if self.metrics is not None:
+            self.metrics.engine_errors.inc()
+
+    def _remove_job(self, job: Job) -> int:
+        """Remove a job's queued segments (lock held); return how many."""
+        kept = [s for s in self.segments if s.job is not job]
+        removed = len(self.segments) - len(kept)
+        if removed:
+            self.segments = kept
+            self.tokens = sum(s.tokens for s in kept)
+            self.update_gauges()
+        return removed
+
+    def finish(self, job: Job, error: BaseException | None) -> None:
+        """Resolve a job exactly once, from any thread; its queued segments leave the queue."""
+        with self.cond:
+            if job.done:
+                return
+            job.done = True
+            job.finished_at = time.monotonic()
+            removed = self._remove_job(job)
+        if isinstance(error, RequestCancelled):
+            self.count("dropped_" + error.reason, removed)
+        elif error is not None:
+            self.count("failed", removed)
+        loop, fut = job._loop, job._future
+        if loop is None or fut is None:
+            return
+
+        def resolve() -> None:
+            if fut.done():
+                return
+            if error is None:
+                fut.set_result(job)
+            else:
+                fut.set_exception(error)
+
+        try:
+            loop.call_soon_threadsafe(resolve)
+        except RuntimeError:  # loop closed: nobody is waiting any more
+            pass
+
+    def fail(self, segments: Sequence[Segment], error: SchedulerError) -> None:
+        """Count the segments as failed and resolve their jobs with `error`."""
+        self.count("failed", len(segments))
+        for job in dict.fromkeys(s.job for s in segments):
+            self.finish(job, error)
+
+    # ---- worker thread ----------------------------------------------------------------------------
+
+    def purge(self, now: float) -> list[tuple[Job, RequestCancelled]]:
+        """Drop queued segments of finished, cancelled or expired jobs (lock held); return the jobs
+        still to be resolved (outside the lock, with `finish`)."""
+        dead: dict[Job, int] = {}
+        for s in self.segments:
+            if s.job.dead(now):
+                dead[s.job] = dead.get(s.job, 0) + 1
+        if not dead:
+            return []
+        self.segments = [s for s in self.segments if s.job not in dead]
+        self.tokens = sum(s.tokens for s in self.segments)
+        self.update_gauges()
+        to_finish = []
+        for job, n in dead.items():
+            reason = job.drop_reason(now)
+            self.count("dropped_" + reason, n)
+            if not job.done:
+                to_finish.append((job, RequestCancelled(reason)))
+        return to_finish
+
+    def take(self, segments: Sequence[Segment]) -> None:
+        """Remove segments chosen for the engine from the queue (lock held)."""
+        chosen = set(map(id, segments))
+        self.segments = [s for s in self.segments if id(s) not in chosen]
+        self.tokens -= sum(s.tokens for s in segments)
+
+    def requeue(self, segments: Sequence[Segment]) -> None:
+        """Put preempted segments back at their arrival places (lock held)."""
+        self.segments = sorted(self.segments + list(segments), key=lambda s: s.seq)
+        self.tokens += sum(s.tokens for s in segments)
+
+    def dispatched(self, segments: Sequence[Segment], now: float) -> None:
+        """Segments handed to the engine at `now`: their jobs' first dispatch, queue-wait metrics."""
+        for s in segments:
+            if s.job.first_dispatch_at is None:
+                s.job.first_dispatch_at = now
+            if self.metrics is not None:
+                self.metrics.queue_wait.observe(now - s.enqueued_at)
+
+    def deliver(self, seg: Segment, hyps: list[Hypothesis] | None, now: float) -> None:
+        """Route one segment's n-best list (None: dropped by the engine) to its job."""
+        job = seg.job
+        if hyps is None:
+            if not job.done:
+                self.finish(job, RequestCancelled(job.drop_reason(now)))
+            self.count("dropped_" + ("deadline" if job.expired(now) else "cancelled"))
+            return
+        if job.done:  # cancelled after its last decoding step
+            self.count("dropped_cancelled")
+            return
+        job.results[seg.index] = hyps
+        job.remaining -= 1
+        best = hyps[0].tokens if hyps else []
+        job.output_tokens += len(best)
+        self.count("translated")
+        if self.metrics is not None:
+            self.metrics.input_tokens.inc(seg.tokens)
+            self.metrics.generated_tokens.inc(len(best))
+        if job.remaining == 0:
+            self.finish(job, None)

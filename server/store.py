@@ -1,0 +1,113 @@
+"""The model store: which bundle the server serves (docs/service.md, "Model store").
+
+The server serves exported bundles (a directory with manifest.json, written by `python -m export`) and
+nothing else:
+
+* --model-dir / TRANSLATOR_MODEL_DIR set: that bundle, as it is;
+* not set: <bundles-dir>/en-es-small (--bundles-dir / TRANSLATOR_BUNDLES_DIR, default <repo>/bundles),
+  the bundle `make bundle` exports from the shipped checkpoint models/en-es-small. When that checkpoint
+  is in the checkout, the bundle must exist and be at least as new as its weights (model.safetensors).
+
+The server never exports at start-up (that needs PyTorch, which the runtime does not install, and takes
+minutes): a training checkpoint (config.json + model.safetensors) given as the model dir, a missing
+default bundle or one older than the shipped checkpoint stop the start with a StoreError whose message
+is the command that makes the bundle. Resolving reads file metadata only.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_BUNDLES_DIR = REPO_ROOT / "bundles"
+DEFAULT_MODEL_NAME = "en-es-small"
+DEFAULT_BUNDLE_DIR = DEFAULT_BUNDLES_DIR / DEFAULT_MODEL_NAME
+DEFAULT_CHECKPOINT_DIR = REPO_ROOT / "models" / DEFAULT_MODEL_NAME
+
+MANIFEST = "manifest.json"
+CHECKPOINT_FILES = ("config.json", "model.safetensors")
+
+
+class StoreError(Exception):
+    """No bundle to serve; the message says what to run to make one."""
+
+
+def is_bundle(path: Path) -> bool:
+    return (path / MANIFEST).is_file()
+
+
+def is_checkpoint(path: Path) -> bool:
+    return all((path / name).is_file() for name in CHECKPOINT_FILES)
+
+
+def bundle_is_stale(bundle: Path, checkpoint: Path) -> bool:
+    """True when the checkpoint's weights are newer than the bundle's manifest."""
+    return (bundle / MANIFEST).stat().st_mtime < (checkpoint / "model.safetensors").stat().st_mtime
+
+
+def _shown(path: Path) -> str:
+    """`path` as an operator would type it: relative to the working directory when inside it."""
+    try:
+        text = str(path.resolve().relative_to(Path.cwd().resolve())) or "."
+    except ValueError:
+        text = str(path)
+    return shlex.quote(text)
+
+
+def export_command(checkpoint: Path, out: Path) -> str:
+    """The command that exports `checkpoint` to the bundle `out` (run where the `train` extra, with
+    PyTorch, is installed: `make install` or `pip install -e ".[train]"`)."""
+    command = f"python -m export --checkpoint {_shown(checkpoint)} --out {_shown(out)}"
+    if checkpoint.resolve() == DEFAULT_CHECKPOINT_DIR and out.resolve() == DEFAULT_BUNDLE_DIR:
+        here = REPO_ROOT == Path.cwd().resolve()
+        make = "make bundle" if here else f"make -C {shlex.quote(str(REPO_ROOT))} bundle"
+        return f"`{make}` or `{command}`"
+    return f"`{command}`"
+
+
+def resolve_bundle(
+    model_dir: str | Path = "", bundles_dir: str | Path = "", checkpoint: Path = DEFAULT_CHECKPOINT_DIR
+) -> Path:
+    """The bundle dir to serve for --model-dir `model_dir` ("" = the default bundle in `bundles_dir`,
+    checked against the shipped `checkpoint`); raises StoreError when there is none to serve as is."""
+    root = Path(bundles_dir) if bundles_dir else DEFAULT_BUNDLES_DIR
+    if not model_dir:
+        return _default_bundle(root / DEFAULT_MODEL_NAME, checkpoint)
+    path = Path(model_dir)
+    if is_bundle(path):
+        return path
+    if is_checkpoint(path):
+        out = root / path.resolve().name
+        raise StoreError(
+            f"{path} is a training checkpoint (config.json + model.safetensors), not a model bundle, and "
+            f"the server does not export at start-up: export it with {export_command(path, out)}, then "
+            f"serve --model-dir {_shown(out)}"
+        )
+    raise StoreError(
+        f"{path} is neither a model bundle ({MANIFEST}) nor a checkpoint (config.json + model.safetensors)"
+    )
+
+
+def _default_bundle(bundle: Path, checkpoint: Path) -> Path:
+    if not is_checkpoint(checkpoint):
+        if is_bundle(bundle):
+            return bundle
+        raise StoreError(
+            f"no model: {bundle} has no {MANIFEST} and {checkpoint} has no config.json + "
+            "model.safetensors; train a model (make train) and export it (make bundle), or pass "
+            "--model-dir BUNDLE"
+        )
+    if not is_bundle(bundle):
+        raise StoreError(
+            f"no model bundle at {_shown(bundle)} (the server serves bundles and does not export at "
+            f"start-up): export the checkpoint {_shown(checkpoint)} with {export_command(checkpoint, bundle)}"
+        )
+    if bundle_is_stale(bundle, checkpoint):
+        raise StoreError(
+            f"the bundle {_shown(bundle)} is older than the checkpoint {_shown(checkpoint)} (its "
+            f"model.safetensors changed after the export): re-export it with "
+            f"{export_command(checkpoint, bundle)}, or serve the old bundle explicitly with "
+            f"--model-dir {_shown(bundle)}"
+        )
+    return bundle

@@ -1,0 +1,136 @@
+"""The benchmarks of bench/ (they may import everything; these tests are the only importers): the
+engine-level ones on a tiny exported bundle, the batching modes benchmark's arithmetic on made-up runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.batching import markdown, merge, plot, summarize, sustained
+from tests.test_export import TinyBundle, build_tiny_bundle
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyBundle:
+    """The tiny bundle of test_export.py (exported once per session, whichever module asks first)."""
+    return build_tiny_bundle(tmp_path_factory)
+
+
+# ---- bench.step_cost and bench.saturation ---------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("torch_single_thread")
+def test_step_cost_times_both_cache_placements(tiny: TinyBundle, tmp_path: Path, capsys):
+    from bench import step_cost
+
+    out = tmp_path / "cost.json"
+    argv = ["--bundle", str(tiny.bundle), "--rows", "1,3", "--capacities", "16", "--iters", "2"]
+    argv += ["--reps", "1"]
+    assert step_cost.main([*argv, "--cache", "both", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["cache"]) == {"host", "device"} and report["providers"][0] == "CPUExecutionProvider"
+    for where in ("host", "device"):
+        ms = report["cache"][where]["ms_per_step"]["16"]
+        assert set(ms) == {"1", "3"} and all(v > 0 for v in ms.values())
+        assert {"fixed_ms", "per_row_ms"} <= set(report["cache"][where]["fit"]["16"])
+    assert "Summary (device cache)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        step_cost.main([*argv, "--cache", "gpu"])
+
+
+@pytest.mark.usefixtures("torch_single_thread")
+def test_saturation_modes_run_the_same_row_steps(tiny: TinyBundle, tmp_path: Path, capsys):
+    """Finished sentences leave the batch in every mode, so request-level and in-flight batching run the
+    same decoder row-steps for the same sentences; only what a row-step costs differs."""
+    from bench import saturation
+
+    out = tmp_path / "saturation.json"
+    argv = ["--bundle", str(tiny.bundle), "--data", str(tmp_path), "--sentences", "12", "--beams", "1,3"]
+    assert saturation.main([*argv, "--batch", "5", "--rows", "9", "--reps", "1", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["sentences"] == 12 and report["inflight_kv"] == "host"
+    capsys.readouterr()
+    assert saturation.main([*argv, "--io-binding", "--reps", "1", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["inflight_kv"] == "device"
+    for beam, modes in report["beams"].items():
+        assert set(modes) == set(saturation.MODES)
+        assert len({r["row_steps"] for r in modes.values()}) == 1  # the invariant
+        assert modes["inflight"]["mean_rows"] <= 9 and modes["request-arrival"]["mean_rows"] <= 5 * int(beam)
+        assert modes["inflight"]["steps"] < modes["request-arrival"]["steps"]
+        for r in modes.values():  # the graph runs were timed: host time is the rest
+            assert 0 < r["ort_seconds"] < r["seconds"] and r["host_ms_per_step"] > 0
+    assert "inflight / request-sorted" in capsys.readouterr().out.splitlines()[-1]
+
+
+# ---- bench.batching: the summary's arithmetic ----------------------------------------------------------
+
+
+def _run(mode: str, kind: str, sent_s: float, p95: float, **extra) -> dict:
+    return {"mode": mode, "beam": 1, "kind": kind, "sentences_per_s": sent_s, "p95_ms": p95, "n": 100} | extra
+
+
+def test_bench_batching_merges_repetitions_into_medians():
+    def rep(sent_s, p95, errors=None, short_p95=None):
+        r = {"elapsed_s": 10.0, "sentences": int(sent_s * 10), "n": int(sent_s * 10), "errors": errors or {}}
+        r |= {"sentences_per_s": sent_s, "p50_ms": p95 / 2, "p95_ms": p95, "p99_ms": p95, "mean_ms": p95 / 2}
+        if short_p95 is not None:
+            r["by_class"] = {
+                "short": {"n": 5, "p50_ms": 1.0, "p95_ms": short_p95, "p99_ms": 1.0, "mean_ms": 1.0}
+            }
+        return r
+
+    m = merge([rep(90.0, 300.0, short_p95=50.0), rep(120.0, 900.0, short_p95=70.0), rep(100.0, 400.0)])
+    assert m["repeats"] == 3 and m["sentences_per_s"] == 100.0 and m["p95_ms"] == 400.0  # medians
+    assert (m["sentences_per_s_min"], m["sentences_per_s_max"]) == (90.0, 120.0)
+    assert (m["p95_ms_min"], m["p95_ms_max"]) == (300.0, 900.0)
+    assert m["sentences"] == 3100 and m["elapsed_s"] == 30.0 and m["errors"] == {}
+    assert m["by_class"]["short"] == {"n": 10, "p50_ms": 1.0, "p95_ms": 60.0, "p99_ms": 1.0, "mean_ms": 1.0}
+    # Sustained at 100/s offered: 3100 of 3000 answered, median p95 400 within 500 (one rep was not).
+    assert sustained({"rate": 100.0} | m, 500.0)
+    assert not sustained({"rate": 110.0} | m, 500.0)  # 3100 of 3300 offered: under 95%
+    refused = merge([rep(100.0, 300.0), rep(100.0, 300.0, errors={"RESOURCE_EXHAUSTED": 2})])
+    assert refused["errors"] == {"RESOURCE_EXHAUSTED": 2} and not sustained({"rate": 100.0} | refused, 500.0)
+
+
+def test_bench_batching_summary_objective_and_sustained_rates(tmp_path):
+    def opened(mode, rate, got, p95, errors=None, kind="open"):
+        answered = int(got * 10)  # over 10 s
+        return _run(mode, kind, got, p95, rate=rate, elapsed_s=10.0, sentences=answered, errors=errors or {})
+
+    runs = [
+        _run("request", "closed", 80.0, 300.0, concurrency=4),
+        _run("request", "closed", 100.0, 500.0, concurrency=16),  # saturation: the p95 objective is 500
+        _run("inflight", "closed", 130.0, 650.0, concurrency=16),
+        opened("request", 80.0, 80.0, 200.0),
+        opened("request", 100.0, 97.0, 900.0),  # over the objective
+        opened("inflight", 100.0, 100.0, 150.0)
+        | {"sentences_per_s_min": 95.0, "sentences_per_s_max": 101.0}
+        | {"p95_ms_min": 120.0, "p95_ms_max": 210.0},  # with the spread of its repetitions
+        opened("inflight", 120.0, 119.0, 450.0, kind="search"),
+        opened("inflight", 140.0, 120.0, 400.0),  # fell behind: 86% of the offered rate
+        opened("inflight", 130.0, 129.0, 300.0, errors={"RESOURCE_EXHAUSTED": 1}),  # refused some
+        _run("inflight", "mixed", 50.0, 600.0, concurrency=16, by_class={"short": {"p95_ms": 90.0}}),
+    ]
+    s = summarize(runs, [1], ["request", "inflight"])["beam1"]
+    assert s["p95_objective_ms"] == 500.0
+    assert s["request"]["sustained_sentences_per_s_within_objective"] == 80.0
+    assert s["inflight"]["sustained_sentences_per_s_within_objective"] == 119.0
+    assert s["inflight"]["sustained_vs_request_within_objective"] == pytest.approx(119.0 / 80.0)
+    assert s["inflight"]["closed_max_vs_request"] == pytest.approx(1.3)
+    assert s["inflight"]["mixed_short_p95_ms"] == 90.0 and s["request"]["mixed_short_p95_ms"] is None
+    assert s["objective_at_concurrency"] == 16
+    # A deeper level on the plateau (within 5% of the best) is where request-level batching is
+    # saturated: its p95 becomes the objective, whichever level happened to measure fastest.
+    plateau = [*runs, _run("request", "closed", 96.0, 900.0, concurrency=48)]
+    deeper = summarize(plateau, [1], ["request", "inflight"])["beam1"]
+    assert deeper["p95_objective_ms"] == 900.0 and deeper["objective_at_concurrency"] == 48
+    assert deeper["request"]["sustained_sentences_per_s_within_objective"] == 97.0  # p95 900: now within
+    assert deeper["inflight"]["sustained_sentences_per_s_within_objective"] == 119.0
+    table = markdown({"beam1": s})
+    assert "| 1 (objective 500 ms) | inflight | 130.0 (16) | 650 | 119.0 | 1.49 | 90 | - |" in table
+    report = {"config": {"beams": [1], "modes": ["request", "inflight"], "title": "t"}, "runs": runs}
+    report["summary"] = {"beam1": s}
+    plot(report, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,85 @@
+"""The model store (server/store.py): which bundle the server serves, and the command it names when
+there is none (it never exports). File layouts only: no model is loaded."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from server import store
+from server.store import StoreError, resolve_bundle
+
+
+def make_bundle(path: Path, mtime: float = 2000.0) -> Path:
+    path.mkdir(parents=True)
+    (path / "manifest.json").write_text("{}")
+    os.utime(path / "manifest.json", (mtime, mtime))
+    return path
+
+
+def make_checkpoint(path: Path, mtime: float = 1000.0) -> Path:
+    path.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "tokenizer.model"):
+        (path / name).write_text("")
+    os.utime(path / "model.safetensors", (mtime, mtime))
+    return path
+
+
+def test_a_given_bundle_is_served_as_it_is(tmp_path):
+    bundle = make_bundle(tmp_path / "b")
+    assert resolve_bundle(str(bundle)) == bundle
+    # An explicit bundle skips the freshness check against the shipped checkpoint.
+    checkpoint = make_checkpoint(tmp_path / "ckpt", mtime=3000.0)
+    assert resolve_bundle(bundle, tmp_path, checkpoint=checkpoint) == bundle
+
+
+def test_a_checkpoint_dir_fails_with_the_export_command(tmp_path):
+    checkpoint = make_checkpoint(tmp_path / "my-model")
+    with pytest.raises(StoreError) as e:
+        resolve_bundle(str(checkpoint), tmp_path / "store")
+    out = tmp_path / "store" / "my-model"
+    message = str(e.value)
+    assert "training checkpoint" in message and "does not export" in message
+    assert f"`python -m export --checkpoint {checkpoint} --out {out}`" in message
+    assert f"--model-dir {out}" in message
+    assert not out.exists()
+
+
+def test_neither_bundle_nor_checkpoint(tmp_path):
+    with pytest.raises(StoreError, match="neither a model bundle"):
+        resolve_bundle(str(tmp_path))
+
+
+def test_default_bundle_must_exist_and_be_newer_than_the_checkpoint(tmp_path):
+    checkpoint = make_checkpoint(tmp_path / "models" / "en-es-small", mtime=1000.0)
+    root = tmp_path / "bundles"
+    bundle = root / "en-es-small"
+    with pytest.raises(StoreError, match="no model bundle at") as e:
+        resolve_bundle("", root, checkpoint=checkpoint)
+    assert f"python -m export --checkpoint {checkpoint} --out {bundle}" in str(e.value)
+    make_bundle(bundle, mtime=500.0)  # exported before the checkpoint's weights changed
+    with pytest.raises(StoreError, match="older than the checkpoint") as e:
+        resolve_bundle("", root, checkpoint=checkpoint)
+    assert f"--out {bundle}" in str(e.value) and f"--model-dir {bundle}" in str(e.value)
+    os.utime(bundle / "manifest.json", (1500.0, 1500.0))
+    assert resolve_bundle("", root, checkpoint=checkpoint) == bundle
+
+
+def test_default_bundle_without_a_checkpoint(tmp_path):
+    root = tmp_path / "bundles"
+    with pytest.raises(StoreError, match="no model"):
+        resolve_bundle("", root, checkpoint=tmp_path / "nothing")
+    bundle = make_bundle(root / "en-es-small")
+    assert resolve_bundle("", root, checkpoint=tmp_path / "nothing") == bundle
+
+
+def test_the_shipped_model_is_exported_with_make_bundle():
+    command = store.export_command(store.DEFAULT_CHECKPOINT_DIR, store.DEFAULT_BUNDLE_DIR)
+    assert "make" in command and "bundle`" in command
+    assert "python -m export --checkpoint" in command
+    # The Makefile's bundle target is that same export.
+    makefile = (store.REPO_ROOT / "Makefile").read_text()
+    assert "$(PY) -m export --checkpoint $(MODEL) --out $(BUNDLE)" in makefile
+    assert "MODEL ?= models/en-es-small" in makefile and "BUNDLE ?= bundles/en-es-small" in makefile
