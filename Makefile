@@ -7,7 +7,7 @@ MODEL ?= models/en-es-small
 BUNDLE ?= bundles/en-es-small
 DATA ?= data
 
-.PHONY: help install system-deps run serve bundle corpus tokenizer train evaluate bench bench-batching proto lint test clean
+.PHONY: help install system-deps run serve bundle corpus tokenizer train release tune-decoding evaluate model-card bench bench-batching proto lint test clean
 
 help:
 	@echo "make run        serve the bundled English->Spanish model over gRPC (installs on first use)"
@@ -15,7 +15,10 @@ help:
 	@echo "make corpus     build the EN-ES corpus from Debian packages into $(DATA)/"
 	@echo "make tokenizer  train the SentencePiece model into $(MODEL)/"
 	@echo "make train      train the small model (see $(MODEL)/MODEL_CARD.md for the shipped settings)"
+	@echo "make release    copy the training run's best weights into $(MODEL)/"
+	@echo "make tune-decoding  choose the decoding defaults of $(MODEL) on the valid split"
 	@echo "make evaluate   score $(MODEL) on the test split against Apertium"
+	@echo "make model-card evaluate $(MODEL) (test, common UI strings, fp32/int8) and write its MODEL_CARD.md"
 	@echo "make bundle     export $(MODEL) to the ONNX bundle $(BUNDLE)/"
 	@echo "make bench      engine vs PyTorch vs CTranslate2 speed benchmark"
 	@echo "make bench-batching  batching modes (off / request / in-flight) through gRPC, with a plot"
@@ -39,7 +42,7 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    prometheus apertium apertium-eng-spa nginx docker-compose >/dev/null; }
 
-$(BUNDLE)/manifest.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(MODEL)/tokenizer.model | install
+$(BUNDLE)/manifest.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(MODEL)/tokenizer.model $(MODEL)/decoding.json | install
 	$(PY) -m export --checkpoint $(MODEL) --out $(BUNDLE)
 
 bundle: $(BUNDLE)/manifest.json
@@ -57,14 +60,33 @@ corpus: install
 tokenizer: install
 	$(PY) -m model.tokenizer --data $(DATA) --out $(MODEL)
 
+# Trains into runs/en-es-small (last.pt every 100 steps and on Ctrl-C / SIGTERM; the best weights so far
+# in runs/en-es-small/release). TRAIN_ARGS=--resume continues exactly where it stopped;
+# TRAIN_ARGS="--init-from $(MODEL)" continues from the shipped model (how it was trained, see its card).
 train: install
 	$(PY) -m model.train --data $(DATA) --tokenizer $(MODEL)/tokenizer.model --run-dir runs/en-es-small \
-	  --release-dir $(MODEL) --config small --lr 1.5e-3 --warmup 1000 --max-tokens 3000 --valid-every 500 \
-	  --valid-bleu-sentences 400 $(TRAIN_ARGS)
+	  --release-dir runs/en-es-small/release --config small --lr 1.5e-3 --warmup 1000 --max-tokens 3000 \
+	  --valid-every 500 --valid-bleu-sentences 400 --threads 2 $(TRAIN_ARGS)
+
+# Promote the run's best weights to the shipped model directory (then: make tune-decoding model-card).
+release:
+	cp runs/en-es-small/release/model.safetensors runs/en-es-small/release/config.json \
+	  runs/en-es-small/release/training.json $(MODEL)/
+
+# Decoding defaults, chosen on the valid split through the engine, written to $(MODEL)/decoding.json.
+tune-decoding: install bundle
+	$(PY) -m bench.tune_decoding --model $(MODEL) --data $(DATA) --bundle $(BUNDLE)
+	$(MAKE) --no-print-directory bundle
 
 evaluate: install system-deps
 	$(PY) -m bench.evaluate --model $(MODEL) --data $(DATA) --split test --n 1000 --beam 4 --apertium \
 	  --json $(MODEL)/eval.json
+
+# Every number of the model card in one command: test split (all / novel / by package), the common UI
+# strings, repeated words, placeholders, side by side with Apertium; fp32 and int8 engine; data counts
+# and the training curve.
+model-card: install system-deps bundle
+	$(PY) -m bench.model_card --model $(MODEL) --data $(DATA) --bundle $(BUNDLE)
 
 bench: install bundle
 	$(PY) -m bench.engine_speed --model $(MODEL) --bundle $(BUNDLE) --json bench.json
