@@ -49,6 +49,7 @@ from model.tokenizer import Tokenizer
 class TrainConfig:
     config: str = "small"
     max_tokens: int = 3000  # per batch, padded target (and source) tokens
+    max_sentences: int = 128  # rows per batch (0 = no cap); see make_batches
     max_len: int = 128  # drop longer training segments (in tokens)
     lr: float = 1e-3  # peak learning rate, reached at the end of warm-up
     warmup: int = 1000
@@ -78,13 +79,21 @@ def learning_rate(step: int, peak: float, warmup: int, start_step: int = 0, rewa
     return rate
 
 
-def make_batches(lengths: list[tuple[int, int]], max_tokens: int, rng: random.Random) -> list[list[int]]:
-    """Group example indices of similar length so that padded tokens per batch stay <= max_tokens."""
+def make_batches(
+    lengths: list[tuple[int, int]], max_tokens: int, rng: random.Random, max_sentences: int = 0
+) -> list[list[int]]:
+    """Group example indices of similar length so that padded tokens per batch stay <= max_tokens and
+    (when max_sentences > 0) rows per batch <= max_sentences.
+
+    The row cap matters for short segments: without it the one- and two-word UI strings (a third of the
+    corpus is under 6 tokens) fill a handful of batches of ~1,500 rows, so "stop after one word" is
+    learned on ~1% of the steps and forgotten in between (the model said `Guardar Guardar Guardar`)."""
     order = sorted(range(len(lengths)), key=lambda i: (max(lengths[i]), rng.random()))
     batches, current, longest = [], [], 0
     for i in order:
         longest_if_added = max(longest, *lengths[i])
-        if current and longest_if_added * (len(current) + 1) > max_tokens:
+        full = max_sentences > 0 and len(current) >= max_sentences
+        if current and (full or longest_if_added * (len(current) + 1) > max_tokens):
             batches.append(current)
             current, longest_if_added = [], max(lengths[i])
         current.append(i)
@@ -261,6 +270,11 @@ def main(argv: list[str] | None = None) -> None:
         history, elapsed_before = state["history"], state.get("train_seconds", 0.0)
         start_step, epoch_step = state.get("start_step", 0), state.get("epoch_step", 0)
         epoch_rng = state.get("epoch_rng", state["rng"])
+        before = state.get("train_config", {})
+        if any(before.get(k) != getattr(cfg, k) for k in ("max_tokens", "max_sentences", "max_len")):
+            # another batching: the saved batch index means nothing any more; start a new epoch
+            print(f"batching changed since {last_path}: starting a new epoch", file=sys.stderr)
+            epoch, epoch_step, epoch_rng = epoch + 1, 0, state["rng"]
         torch.set_rng_state(state["torch_rng"])
         print(
             f"resumed from {last_path} at step {step} (epoch {epoch}, batch {epoch_step}), "
@@ -381,7 +395,9 @@ def main(argv: list[str] | None = None) -> None:
     stop = False
     while epoch < cfg.epochs and not stop:
         rng.setstate(epoch_rng)
-        batches = make_batches([(len(s), len(t) + 1) for s, t in train], cfg.max_tokens, rng)
+        batches = make_batches(
+            [(len(s), len(t) + 1) for s, t in train], cfg.max_tokens, rng, cfg.max_sentences
+        )
         progress = tqdm(
             batches[epoch_step:], desc=f"epoch {epoch}", unit="batch", mininterval=10, file=sys.stderr
         )
