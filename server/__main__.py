@@ -3,7 +3,8 @@
 Every flag also reads a TRANSLATOR_* environment variable; `python -m server --help` lists them.
 Exit status: 0 after a graceful shutdown (SIGTERM/SIGINT), 1 if there is no bundle to serve (the log
 line says which command makes it: the server does not export checkpoints) or the model failed to load,
-2 for bad configuration.
+2 for bad configuration (flags and TRANSLATOR_* variables alike: server/config.py checks every setting
+before anything starts and prints one line naming each bad one and the values it allows).
 """
 
 from __future__ import annotations

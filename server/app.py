@@ -5,7 +5,8 @@ or a stale default bundle, fails the start with the command that makes one); the
 with health NOT_SERVING (Translate answers UNAVAILABLE) while the model is loaded and warmed up in a
 worker thread; then health turns SERVING. Shutdown: health NOT_SERVING, optional drain delay, stop
 accepting RPCs, let in-flight ones finish within the grace period, stop the engine worker.
-Logging (JSON lines) is set up by server/logs.py.
+Logging (JSON lines) is set up by server/logs.py. Server reflection answers both grpc.reflection.v1
+and the older v1alpha (grpcio-reflection ships only v1alpha: v1 is served by the same servicer).
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2 as reflection_alpha_pb2
 
 from proto.gen.translator.v1 import translator_pb2_grpc as pb_grpc
 from server.auth import BearerTokenInterceptor
@@ -32,6 +35,68 @@ from server.store import resolve_bundle
 log = logging.getLogger("server")
 
 EngineFactory = Callable[[Path, ServerConfig], Any]
+
+REFLECTION_V1_PACKAGE = "grpc.reflection.v1"
+REFLECTION_V1_SERVICE = f"{REFLECTION_V1_PACKAGE}.ServerReflection"
+
+
+def register_reflection_v1(pool: descriptor_pool.DescriptorPool) -> None:
+    """Add grpc/reflection/v1/reflection.proto to `pool` (once). The v1 proto is v1alpha's with another
+    package name, so it is built from the v1alpha descriptor that grpcio-reflection ships."""
+    try:
+        pool.FindServiceByName(REFLECTION_V1_SERVICE)
+        return
+    except KeyError:
+        pass
+    alpha = reflection_alpha_pb2.DESCRIPTOR
+    old, new = f".{alpha.package}.", f".{REFLECTION_V1_PACKAGE}."
+
+    def renamed(type_name: str) -> str:
+        return new + type_name[len(old) :] if type_name.startswith(old) else type_name
+
+    def rename_fields(messages) -> None:
+        for message in messages:
+            for field in message.field:
+                if field.HasField("type_name"):  # message and enum fields only
+                    field.type_name = renamed(field.type_name)
+            rename_fields(message.nested_type)
+
+    file = descriptor_pb2.FileDescriptorProto()
+    alpha.CopyToProto(file)
+    file.name = "grpc/reflection/v1/reflection.proto"
+    file.package = REFLECTION_V1_PACKAGE
+    file.ClearField("options")  # v1alpha's language options (java_package...) do not fit v1
+    rename_fields(file.message_type)
+    for service in file.service:
+        for method in service.method:
+            method.input_type, method.output_type = renamed(method.input_type), renamed(method.output_type)
+    pool.AddSerializedFile(file.SerializeToString())
+
+
+def enable_reflection(server: grpc.aio.Server, service_names: tuple[str, ...]) -> None:
+    """Serve reflection as grpc.reflection.v1 and v1alpha, listing `service_names` and both versions.
+
+    One servicer answers both: the two protocols' messages are the same on the wire."""
+    pool = descriptor_pool.Default()
+    register_reflection_v1(pool)
+    names = (*service_names, REFLECTION_V1_SERVICE, reflection.SERVICE_NAME)
+    servicer = reflection.aio.ReflectionServicer(names, pool=pool)
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)
+    v1 = grpc.stream_stream_rpc_method_handler(
+        servicer.ServerReflectionInfo,
+        request_deserializer=reflection_alpha_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_alpha_pb2.ServerReflectionResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(REFLECTION_V1_SERVICE, {"ServerReflectionInfo": v1}),)
+    )
+
+
+def threads_in_use(engine: Any) -> int | None:
+    """ONNX Runtime intra-op threads the engine really uses (--threads 0 resolved to the physical
+    cores), from its generator; None for an engine that does not say."""
+    threads = getattr(getattr(engine, "generator", None), "threads", None)
+    return threads if isinstance(threads, int) else None
 
 
 def default_engine_factory(bundle_dir: Path, config: ServerConfig) -> Any:
@@ -82,13 +147,8 @@ class TranslatorServer:
         )
         pb_grpc.add_TranslatorServicer_to_server(self.service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (
-                SERVICE_NAME,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            ),
-            self.server,
+        enable_reflection(
+            self.server, (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
         )
         await self._set_health(False)
         address = f"{cfg.host}:{cfg.port}"
@@ -160,7 +220,10 @@ class TranslatorServer:
                 max_admit_wait_steps=cfg.max_admit_wait_steps,
             )
             self.metrics.queue_capacity.set(cfg.max_queue_segments)
-            self.service.backend = Backend(engine, self.scheduler, cfg.variant, self.scheduler.batching)
+            # What GetModelInfo reports and the log says: the mode in effect, after any fallback.
+            self.service.backend = Backend(
+                engine, self.scheduler, cfg.variant, self.scheduler.batching, self.scheduler.mode
+            )
             self.metrics.set_model(
                 name=str(engine.name),
                 version=str(engine.version),
@@ -181,8 +244,9 @@ class TranslatorServer:
                         "version": engine.version,
                         "providers": list(engine.providers),
                         "max_source_tokens": engine.max_source_tokens,
-                        "batching": cfg.batching,
+                        "batching": self.scheduler.batching,
                         "batching_mode": self.scheduler.mode,
+                        "threads": threads_in_use(engine),
                         "load_seconds": round(time.monotonic() - start, 2),
                     }
                 },

@@ -1,4 +1,8 @@
-"""Bearer-token authentication as a gRPC server interceptor (health checks stay open)."""
+"""Bearer-token authentication as a gRPC server interceptor (health checks stay open).
+
+Metadata `authorization: Bearer <token>`; the scheme is case-insensitive (RFC 7235 section 2.1:
+`bearer` and `BEARER` work too), the token is compared exactly, in constant time.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,15 @@ import grpc
 from server.metrics import Metrics
 
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
+
+
+def bearer_credentials(value: bytes) -> bytes | None:
+    """The token of an `authorization` value `<scheme> <token>` whose scheme is Bearer in any case
+    (one or more spaces after it), else None."""
+    scheme, space, token = value.partition(b" ")
+    if not space or scheme.lower() != b"bearer":
+        return None
+    return token.lstrip(b" ")
 
 
 def _deny_handler(original: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
@@ -30,10 +43,10 @@ def _deny_handler(original: grpc.RpcMethodHandler, message: str) -> grpc.RpcMeth
 
 
 class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
-    """Every RPC but grpc.health.v1 needs metadata `authorization: Bearer <token>`."""
+    """Every RPC but grpc.health.v1 needs metadata `authorization: Bearer <token>` (scheme in any case)."""
 
     def __init__(self, token: str, metrics: Metrics | None = None) -> None:
-        self._expected = f"Bearer {token}".encode()
+        self._expected = token.encode()
         self._metrics = metrics
 
     async def intercept_service(
@@ -50,7 +63,8 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
             if key == "authorization":
                 presented = value.encode() if isinstance(value, str) else value
                 break
-        if presented is not None and hmac.compare_digest(presented, self._expected):
+        token = bearer_credentials(presented) if presented is not None else None
+        if token is not None and hmac.compare_digest(token, self._expected):
             return handler
         if self._metrics is not None:
             rpc = method.rsplit("/", 1)[-1] or "unknown"

@@ -7,7 +7,9 @@ of the deployment contract (docs/service.md lists them).
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -15,6 +17,11 @@ from pathlib import Path
 from server.scheduler import MODES as BATCHING_MODES
 
 ENV_PREFIX = "TRANSLATOR_"
+# What server/engine/sessions.py (open_sessions) accepts, case-insensitive: checked here so a bad
+# device is a configuration error (exit 2), not a model that fails to load.
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+DEVICES = "auto, cpu, cuda or cuda:N"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 @dataclass
@@ -26,8 +33,8 @@ class ServerConfig:
     metrics_host: str = ""  # "" = same as host
     metrics_port: int = 8000  # 0 = any free port, -1 = no metrics endpoint
     variant: str = "fp32"  # fp32 | int8
-    device: str = "auto"  # auto | cpu | cuda
-    threads: int = 0  # ONNX Runtime intra-op threads; 0 = ONNX Runtime default
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int = 0  # ONNX Runtime intra-op threads; 0 = one per physical core (engine: physical_cores)
     batching: bool = True  # False: every engine batch holds segments of one request only (= mode off)
     batching_mode: str = "inflight"  # inflight | request | off (batching=false forces off)
     max_batch_tokens: int = 4096  # padded source tokens per engine batch
@@ -47,7 +54,7 @@ class ServerConfig:
     shutdown_grace_s: float = 30.0  # how long in-flight RPCs may run after SIGTERM
     drain_delay_s: float = 0.0  # NOT_SERVING this long before refusing new RPCs (load balancers)
     warmup: bool = True
-    log_level: str = "INFO"
+    log_level: str = "INFO"  # DEBUG | INFO | WARNING | ERROR | CRITICAL, any case
 
     @property
     def effective_batching_mode(self) -> str:
@@ -59,21 +66,31 @@ class ServerConfig:
         return bool(self.tls_cert or self.tls_key)
 
     def validate(self) -> None:
+        """Raise ValueError with every problem on one line, each naming the setting (flag and
+        variable) and the values it allows. The one check of settings, flags and TRANSLATOR_* alike."""
         errors = []
+
+        def bad(name: str, allowed: str, value: object) -> None:
+            errors.append(f"{setting(name)} must be {allowed}, got {value!r}")
+
         if self.variant not in ("fp32", "int8"):
-            errors.append(f"variant must be fp32 or int8, got {self.variant!r}")
+            bad("variant", "fp32 or int8", self.variant)
+        if not DEVICE_PATTERN.fullmatch(self.device.lower()):
+            bad("device", DEVICES, self.device)
+        if self.log_level.upper() not in LOG_LEVELS:
+            bad("log_level", f"{', '.join(LOG_LEVELS)} (any case)", self.log_level)
         if self.batching_mode not in BATCHING_MODES:
-            errors.append(f"batching_mode must be {', '.join(BATCHING_MODES)}, got {self.batching_mode!r}")
+            bad("batching_mode", ", ".join(BATCHING_MODES), self.batching_mode)
+        if not 0 <= self.port <= 65535:
+            bad("port", "0..65535 (0 = any free port)", self.port)
+        if not (0 <= self.metrics_port <= 65535 or self.metrics_port == -1):
+            bad("metrics_port", "0..65535 (0 = any free port) or -1 (no metrics endpoint)", self.metrics_port)
+        if self.threads < 0:
+            bad("threads", ">= 0 (0 = one per physical core)", self.threads)
         if self.max_admit_wait_steps < 0:
-            errors.append(f"max_admit_wait_steps must be >= 0, got {self.max_admit_wait_steps}")
-        if bool(self.tls_cert) != bool(self.tls_key):
-            errors.append("TLS needs both a certificate (TRANSLATOR_TLS_CERT) and a key (TRANSLATOR_TLS_KEY)")
-        if self.tls_client_ca and not self.tls_enabled:
-            errors.append("client certificate verification (TRANSLATOR_TLS_CLIENT_CA) needs TLS cert and key")
-        for name in ("tls_cert", "tls_key", "tls_client_ca"):
-            value = getattr(self, name)
-            if value and not Path(value).is_file():
-                errors.append(f"{name}: no such file {value!r}")
+            bad("max_admit_wait_steps", ">= 0", self.max_admit_wait_steps)
+        if self.max_running_rows < 0:
+            bad("max_running_rows", ">= 0 (0 = auto)", self.max_running_rows)
         for name in (
             "max_batch_tokens",
             "max_batch_segments",
@@ -84,19 +101,31 @@ class ServerConfig:
             "max_stream_inflight",
         ):
             if getattr(self, name) < 1:
-                errors.append(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_running_rows < 0:
-            errors.append(f"max_running_rows must be >= 0 (0 = auto), got {self.max_running_rows}")
-        if self.max_wait_ms < 0:
-            errors.append(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
+                bad(name, ">= 1", getattr(self, name))
+        for name in ("max_wait_ms", "shutdown_grace_s", "drain_delay_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                bad(name, "a finite number >= 0", value)
         if self.max_texts > self.max_queue_segments:
             errors.append(
-                f"max_texts ({self.max_texts}) must not exceed max_queue_segments ({self.max_queue_segments})"
+                f"{setting('max_texts')} ({self.max_texts}) must not exceed "
+                f"{setting('max_queue_segments')} ({self.max_queue_segments})"
             )
-        if not 0 <= self.port < 65536:
-            errors.append(f"port out of range: {self.port}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            errors.append("TLS needs both a certificate (TRANSLATOR_TLS_CERT) and a key (TRANSLATOR_TLS_KEY)")
+        if self.tls_client_ca and not self.tls_enabled:
+            errors.append("client certificate verification (TRANSLATOR_TLS_CLIENT_CA) needs TLS cert and key")
+        for name in ("tls_cert", "tls_key", "tls_client_ca"):
+            value = getattr(self, name)
+            if value and not Path(value).is_file():
+                errors.append(f"{setting(name)}: no such file {value!r}")
         if errors:
             raise ValueError("invalid configuration: " + "; ".join(errors))
+
+
+def setting(field_name: str) -> str:
+    """How messages name a setting: `threads (--threads / TRANSLATOR_THREADS)`."""
+    return f"{field_name} ({'--' + field_name.replace('_', '-')} / {env_name(field_name)})"
 
 
 def env_name(field_name: str) -> str:
@@ -127,12 +156,14 @@ HELP = {
     "bundles_dir": "the model store: where the default bundle en-es-small is, and where the export "
     "command suggested for a checkpoint writes (default: <repo>/bundles)",
     "host": "address to listen on",
-    "port": "gRPC port (0 = any free port)",
+    "port": "gRPC port, 0..65535 (0 = any free port)",
     "metrics_host": "address of the Prometheus /metrics endpoint (default: --host)",
-    "metrics_port": "Prometheus /metrics port (0 = any free port, -1 = disabled)",
+    "metrics_port": "Prometheus /metrics port, 0..65535 (0 = any free port) or -1 = disabled; plain "
+    "HTTP even with TLS on",
     "variant": "weights variant: fp32 or int8",
-    "device": "execution device: auto, cpu or cuda",
-    "threads": "ONNX Runtime intra-op threads (0 = ONNX Runtime default)",
+    "device": "execution device: auto (CUDA when usable, else CPU), cpu, cuda or cuda:N",
+    "threads": "ONNX Runtime intra-op threads, >= 0 (0 = one per physical core available to the "
+    "process; the 'model ready' log line shows the number used)",
     "batching": "batch segments of different requests together (false: one request per engine batch)",
     "batching_mode": "inflight (one running decode batch; requests join and leave at every decoding "
     "step), request (batches of queued requests decode to the end) or off (one request per batch)",
@@ -154,10 +185,10 @@ HELP = {
     "tls_key": "PEM server private key",
     "tls_client_ca": "PEM CA certificates; when set, clients must present a certificate signed by one",
     "auth_token": "bearer token required on every RPC except health checks",
-    "shutdown_grace_s": "seconds in-flight RPCs may run after SIGTERM/SIGINT",
-    "drain_delay_s": "seconds to report NOT_SERVING before refusing new RPCs on shutdown",
+    "shutdown_grace_s": "seconds (>= 0) in-flight RPCs may run after SIGTERM/SIGINT",
+    "drain_delay_s": "seconds (>= 0) to report NOT_SERVING before refusing new RPCs on shutdown",
     "warmup": "run a warm-up translation before reporting SERVING",
-    "log_level": "DEBUG, INFO, WARNING or ERROR",
+    "log_level": "DEBUG, INFO, WARNING, ERROR or CRITICAL (any case)",
 }
 
 
@@ -193,6 +224,7 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
     """Flags over TRANSLATOR_* environment variables over defaults; validated."""
     args = build_parser(env).parse_args(argv)
     config = ServerConfig(**vars(args))
-    config.log_level = config.log_level.upper()
     config.validate()
+    config.log_level = config.log_level.upper()
+    config.device = config.device.lower()
     return config

@@ -60,6 +60,7 @@ class Backend:
     scheduler: Scheduler
     variant: str
     batching: bool
+    batching_mode: str  # off | request | inflight: the scheduler's mode in effect (after any fallback)
 
 
 # ---- validation ----------------------------------------------------------------------------------
@@ -397,6 +398,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             execution_providers=list(e.providers),
             variant=backend.variant,
             batching=backend.batching,
+            batching_mode=backend.batching_mode,
         )
         self._record("GetModelInfo", request_id, grpc.StatusCode.OK, start, {})
         return response

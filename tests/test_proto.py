@@ -91,7 +91,14 @@ def test_message_fields():
         "limits",
         "default_options",
         "execution_providers",
+        "variant",
+        "batching",
+        "batching_mode",
     } <= info
+    # Field numbers are the wire contract: new fields get new numbers, old ones never move.
+    numbers = {f.name: f.number for f in pb.GetModelInfoResponse.DESCRIPTOR.fields}
+    assert (numbers["variant"], numbers["batching"], numbers["batching_mode"]) == (8, 9, 10)
+    assert pb.GetModelInfoResponse(batching_mode="request").batching_mode == "request"
     assert {"max_texts_per_request", "max_source_tokens", "max_beam_size"} <= set(
         pb.Limits.DESCRIPTOR.fields_by_name
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import logging
 import shutil
 import signal
 import subprocess
@@ -100,7 +101,9 @@ def test_get_model_info(shipped_server, client_for):
 
 
 def test_health_and_reflection(shipped_server):
+    from google.protobuf.descriptor_pb2 import FileDescriptorProto
     from google.protobuf.descriptor_pool import DescriptorPool
+    from grpc_reflection.v1alpha import reflection_pb2 as rpb
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
     with grpc.insecure_channel(shipped_server.target) as channel:
@@ -113,6 +116,50 @@ def test_health_and_reflection(shipped_server):
         assert {"translator.v1.Translator", "grpc.health.v1.Health"} <= services
         service = DescriptorPool(db).FindServiceByName("translator.v1.Translator")
         assert {m.name for m in service.methods} == {"Translate", "TranslateStream", "GetModelInfo"}
+
+        # A grpc.reflection.v1 client (grpcurl and most tools try v1 first). v1 and v1alpha messages are
+        # the same on the wire, so grpcio-reflection's v1alpha classes encode the v1 protocol.
+        v1 = channel.stream_stream(
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            request_serializer=rpb.ServerReflectionRequest.SerializeToString,
+            response_deserializer=rpb.ServerReflectionResponse.FromString,
+        )
+        listed, translator, reflection_v1 = list(
+            v1(
+                iter(
+                    [
+                        rpb.ServerReflectionRequest(list_services=""),
+                        rpb.ServerReflectionRequest(file_containing_symbol="translator.v1.Translator"),
+                        rpb.ServerReflectionRequest(
+                            file_containing_symbol="grpc.reflection.v1.ServerReflection"
+                        ),
+                    ]
+                ),
+                timeout=10,
+            )
+        )
+        assert {s.name for s in listed.list_services_response.service} == {
+            "translator.v1.Translator",
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1.ServerReflection",
+            "grpc.reflection.v1alpha.ServerReflection",
+        }
+
+        def files(response) -> list[FileDescriptorProto]:
+            assert not response.HasField("error_response"), response.error_response
+            protos = response.file_descriptor_response.file_descriptor_proto
+            return [FileDescriptorProto.FromString(b) for b in protos]
+
+        (translator_file,) = [f for f in files(translator) if f.package == "translator.v1"]
+        (rpcs,) = [s.method for s in translator_file.service if s.name == "Translator"]
+        assert {m.name for m in rpcs} == {"Translate", "TranslateStream", "GetModelInfo"}
+        (v1_file,) = files(reflection_v1)
+        assert (v1_file.name, v1_file.package) == (
+            "grpc/reflection/v1/reflection.proto",
+            "grpc.reflection.v1",
+        )
+        (method,) = v1_file.service[0].method
+        assert method.input_type == ".grpc.reflection.v1.ServerReflectionRequest"
 
 
 def test_concurrent_clients_get_solo_results_and_batches_fill(shipped_server, client_for):
@@ -453,11 +500,8 @@ def _pki_openssl(d: Path) -> None:
         )
 
 
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory) -> dict[str, Path]:
-    """A CA, a server certificate for localhost/127.0.0.1 and a client certificate (PEM), made with
-    `cryptography` or, without it, the openssl CLI."""
-    d = tmp_path_factory.mktemp("pki")
+def make_pki(d: Path, stems: tuple[str, ...] = ("ca", "server", "client")) -> dict[str, Path]:
+    """Certificates made in `d` with `cryptography` or, without it, the openssl CLI: {stem_kind: path}."""
     try:
         import cryptography  # noqa: F401
 
@@ -466,11 +510,13 @@ def pki(tmp_path_factory) -> dict[str, Path]:
         if shutil.which("openssl") is None:
             pytest.skip("neither the cryptography package nor the openssl CLI is available")
         _pki_openssl(d)
-    return {
-        f"{stem}_{kind}": d / f"{stem}.{kind}"
-        for stem in ("ca", "server", "client")
-        for kind in ("pem", "key")
-    }
+    return {f"{stem}_{kind}": d / f"{stem}.{kind}" for stem in stems for kind in ("pem", "key")}
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> dict[str, Path]:
+    """A CA, a server certificate for localhost/127.0.0.1 and a client certificate (PEM)."""
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def test_tls(start_server, tiny_bundle, pki):
@@ -478,6 +524,7 @@ def test_tls(start_server, tiny_bundle, pki):
     with TranslatorClient(server.target, ca_cert=pki["ca_pem"], server_name="localhost", timeout=10) as c:
         assert c.translate(["Open the file"], max_length=5)[0].text
         assert c.health() == "SERVING"
+    assert server.sample("translator_ready") == 1  # TLS covers gRPC only: /metrics stays plain HTTP
     with TranslatorClient(server.target, timeout=3, retries=0) as plain, pytest.raises(TranslatorError) as e:
         plain.translate(["Open the file"])
     assert e.value.code == grpc.StatusCode.UNAVAILABLE
@@ -528,6 +575,18 @@ def test_token_over_plaintext(start_server, tiny_bundle, client_for):
         client_for(server, retries=0).translate(["Open"])
     assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
     assert "bearer token" in e.value.details
+    # RFC 7235: the auth scheme is case-insensitive; the token is not.
+    with grpc.insecure_channel(server.target) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+        for value in ("bearer t0ken", "BEARER t0ken", "BeArEr  t0ken"):
+            info = stub.GetModelInfo(
+                pb.GetModelInfoRequest(), metadata=[("authorization", value)], timeout=10
+            )
+            assert info.name
+        for value in ("bearer T0KEN", "Basic t0ken", "t0ken", "bearert0ken"):
+            with pytest.raises(grpc.RpcError) as e:
+                stub.GetModelInfo(pb.GetModelInfoRequest(), metadata=[("authorization", value)], timeout=10)
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED, value
 
 
 def test_inflight_mode_end_to_end_matches_solo(start_server, tiny_bundle):
@@ -542,7 +601,8 @@ def test_inflight_mode_end_to_end_matches_solo(start_server, tiny_bundle):
         for _ in range(12)
     ]
     with TranslatorClient(server.target, timeout=60) as c:
-        assert c.model_info().batching
+        info = c.model_info()
+        assert info.batching and info.batching_mode == "inflight"
         solo = {
             (t, k): c.translate([t], beam_size=k, max_length=20, return_scores=True)[0]
             for _, texts, k in calls
@@ -562,3 +622,47 @@ def test_inflight_mode_end_to_end_matches_solo(start_server, tiny_bundle):
     assert server.sample("translator_decode_steps_total") > steps_before
     assert server.sample("translator_batch_rows_count") > 0
     assert server.sample("translator_time_to_first_step_seconds_count") > 0
+
+
+def _model_ready(caplog) -> dict:
+    (record,) = [r for r in caplog.records if r.name == "server" and r.getMessage() == "model ready; serving"]
+    return record.fields
+
+
+@pytest.mark.parametrize(
+    ("overrides", "old_graph", "mode", "threads"),
+    [
+        (dict(batching_mode="off", threads=0), False, "off", "physical"),
+        (dict(batching=False, threads=1), False, "off", 1),
+        (dict(batching_mode="inflight", threads=2), True, "request", 2),  # bundle can't: falls back
+    ],
+    ids=["mode-off", "batching-false", "inflight-fallback"],
+)
+def test_model_ready_log_and_model_info_agree(
+    server_loop, tiny_bundle, caplog, overrides, old_graph, mode, threads
+):
+    """The "model ready" log line and GetModelInfo report the batching really in effect (after the
+    fallback of in-flight batching to request for a decoder graph without per-row positions), and the
+    log gives the ONNX Runtime thread count in use (--threads 0 = one per physical core)."""
+    from server.app import default_engine_factory
+    from server.engine import physical_cores
+
+    def factory(bundle_dir, config):
+        engine = default_engine_factory(bundle_dir, config)
+        if old_graph:
+            engine.generator.row_positions = False  # as a bundle exported before per-row positions
+        return engine
+
+    server = RunningServer(server_loop, base_config(tiny_bundle, **overrides))
+    server.server.engine_factory = factory
+    try:
+        with caplog.at_level(logging.INFO, logger="server"):
+            server.start()
+        with TranslatorClient(server.target, timeout=30) as c:
+            info = c.model_info()
+        ready = _model_ready(caplog)
+        assert (info.batching_mode, info.batching) == (mode, mode != "off")
+        assert (ready["batching_mode"], ready["batching"]) == (mode, mode != "off")
+        assert ready["threads"] == (physical_cores() if threads == "physical" else threads)
+    finally:
+        server.stop(1)

@@ -100,7 +100,7 @@ class Limits(_message.Message):
     def __init__(self, max_texts_per_request: _Optional[int] = ..., max_source_tokens: _Optional[int] = ..., max_beam_size: _Optional[int] = ..., max_length: _Optional[int] = ..., max_request_bytes: _Optional[int] = ...) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("name", "version", "source_language", "target_language", "limits", "default_options", "execution_providers", "variant", "batching")
+    __slots__ = ("name", "version", "source_language", "target_language", "limits", "default_options", "execution_providers", "variant", "batching", "batching_mode")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SOURCE_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +110,7 @@ class GetModelInfoResponse(_message.Message):
     EXECUTION_PROVIDERS_FIELD_NUMBER: _ClassVar[int]
     VARIANT_FIELD_NUMBER: _ClassVar[int]
     BATCHING_FIELD_NUMBER: _ClassVar[int]
+    BATCHING_MODE_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     source_language: str
@@ -119,4 +120,5 @@ class GetModelInfoResponse(_message.Message):
     execution_providers: _containers.RepeatedScalarFieldContainer[str]
     variant: str
     batching: bool
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., default_options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., execution_providers: _Optional[_Iterable[str]] = ..., variant: _Optional[str] = ..., batching: _Optional[bool] = ...) -> None: ...
+    batching_mode: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., default_options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., execution_providers: _Optional[_Iterable[str]] = ..., variant: _Optional[str] = ..., batching: _Optional[bool] = ..., batching_mode: _Optional[str] = ...) -> None: ...

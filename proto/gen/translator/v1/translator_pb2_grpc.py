@@ -82,7 +82,7 @@ class TranslatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetModelInfo(self, request, context):
-        """Model name, languages, version, limits, decoding defaults and execution providers.
+        """Model name, languages, version, limits, decoding defaults, execution providers and batching mode.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,148 @@
+"""Server settings: one validation (server/config.py) for flags and TRANSLATOR_* variables; bad ones
+exit 2 with one line naming the setting and the values it allows, before anything starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from server.config import HELP, ServerConfig, build_parser, load_config
+from tests.conftest import REPO_ROOT
+
+# (flag, bad value, what the message must say is allowed)
+BAD = [
+    ("--device", "gpu", "auto, cpu, cuda or cuda:N"),
+    ("--device", "cuda:x", "auto, cpu, cuda or cuda:N"),
+    ("--log-level", "verbose", "DEBUG, INFO, WARNING, ERROR, CRITICAL"),
+    ("--metrics-port", "-5", "0..65535 (0 = any free port) or -1"),
+    ("--metrics-port", "65536", "0..65535 (0 = any free port) or -1"),
+    ("--port", "-1", "0..65535"),
+    ("--port", "70000", "0..65535"),
+    ("--threads", "-3", ">= 0"),
+    ("--shutdown-grace-s", "-1", ">= 0"),
+    ("--shutdown-grace-s", "nan", ">= 0"),
+    ("--drain-delay-s", "-0.5", ">= 0"),
+    ("--max-wait-ms", "-1", ">= 0"),
+    ("--variant", "fp16", "fp32 or int8"),
+    ("--batching-mode", "always", "request, inflight, off"),
+]
+
+
+def _env_name(flag: str) -> str:
+    return "TRANSLATOR_" + flag.removeprefix("--").replace("-", "_").upper()
+
+
+@pytest.mark.parametrize(("flag", "value", "allowed"), BAD)
+def test_bad_flag_and_variable_get_the_same_message(flag, value, allowed):
+    messages = []
+    for argv, env in (([f"{flag}={value}"], {}), ([], {_env_name(flag): value})):
+        with pytest.raises(ValueError) as e:
+            load_config(argv, env)
+        message = str(e.value)
+        assert "\n" not in message
+        assert allowed in message and value in message
+        assert flag in message and _env_name(flag) in message  # names both spellings
+        messages.append(message)
+    assert messages[0] == messages[1]  # one validation
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--device", "CUDA:1", "--log-level", "debug"], {"device": "cuda:1", "log_level": "DEBUG"}),
+        (["--device", "Auto", "--log-level", "Warning"], {"device": "auto", "log_level": "WARNING"}),
+        (["--metrics-port", "-1", "--port", "0"], {"metrics_port": -1, "port": 0}),
+        (["--metrics-port", "65535", "--port", "65535"], {"metrics_port": 65535, "port": 65535}),
+        (["--threads", "0", "--shutdown-grace-s", "0", "--drain-delay-s", "0"], {"threads": 0}),
+        (["--log-level", "critical", "--device", "cpu"], {"log_level": "CRITICAL", "device": "cpu"}),
+    ],
+)
+def test_allowed_values_pass_and_are_normalised(argv, expected):
+    config = load_config(argv, {})
+    for name, value in expected.items():
+        assert getattr(config, name) == value
+
+
+def test_flag_wins_over_a_bad_variable_and_errors_are_listed_together():
+    assert load_config(["--threads", "2"], {"TRANSLATOR_THREADS": "-3"}).threads == 2
+    with pytest.raises(ValueError) as e:
+        load_config(["--threads=-3"], {"TRANSLATOR_DEVICE": "gpu", "TRANSLATOR_LOG_LEVEL": "loud"})
+    message = str(e.value)
+    assert message.startswith("invalid configuration: ") and "\n" not in message
+    assert all(
+        name in message for name in ("TRANSLATOR_THREADS", "TRANSLATOR_DEVICE", "TRANSLATOR_LOG_LEVEL")
+    )
+
+
+def test_config_accepts_exactly_the_devices_the_engine_accepts():
+    """server/config.py checks devices itself (a bad one must not wait for the model load): the same
+    set as open_sessions, which raises ValueError for an unknown device (RuntimeError for a CUDA
+    device this machine cannot honour, which is not a configuration error)."""
+    from server.engine.sessions import open_sessions
+
+    for device in ("auto", "cpu", "CPU", "cuda", "cuda:0", "CUDA:3", "gpu", "cuda:x", "cuda:", "", "tpu"):
+        try:
+            open_sessions({}, device, 1)
+            engine_accepts = True
+        except RuntimeError:
+            engine_accepts = True
+        except ValueError:
+            engine_accepts = False
+        try:
+            ServerConfig(device=device).validate()
+            config_accepts = True
+        except ValueError:
+            config_accepts = False
+        assert config_accepts == engine_accepts, device
+
+
+def test_help_says_what_the_code_does():
+    assert "physical core" in HELP["threads"] and "ONNX Runtime default" not in HELP["threads"]
+    assert "-1" in HELP["metrics_port"]
+    text = build_parser({}).format_help()
+    assert "TRANSLATOR_THREADS" in text and "CRITICAL" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [
+        (["--device", "gpu"], {}),
+        (["--log-level", "verbose"], {}),
+        ([], {"TRANSLATOR_METRICS_PORT": "-5"}),
+        ([], {"TRANSLATOR_SHUTDOWN_GRACE_S": "-1"}),
+    ],
+)
+def test_main_exits_2_with_one_line(argv, env, monkeypatch, capsys):
+    from server.__main__ import main
+
+    for name in list(ServerConfig.__dataclass_fields__):
+        monkeypatch.delenv("TRANSLATOR_" + name.upper(), raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("python -m server: invalid configuration: ")
+
+
+def test_process_exits_2_before_loading_anything(tmp_path):
+    """`python -m server --device gpu --threads -3`: exit 2, one line on stderr, no model load (the
+    bundle dir does not even exist)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "server", "--device", "gpu", "--threads", "-3"],
+        cwd=REPO_ROOT,
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("TRANSLATOR_")},
+            "TRANSLATOR_MODEL_DIR": str(tmp_path / "missing"),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "auto, cpu, cuda or cuda:N, got 'gpu'" in lines[0] and "must be >= 0" in lines[0]
+    assert proc.stdout == ""
