@@ -6,22 +6,41 @@ PY := $(VENV)/bin/python
 MODEL ?= models/en-es-small
 BUNDLE ?= bundles/en-es-small
 DATA ?= data
+# The tokenizer `make train` trains with: the shipped one unless told (see `make tokenizer`).
+TOKENIZER ?= $(MODEL)/tokenizer.model
 
-.PHONY: help install system-deps run serve bundle corpus tokenizer train release tune-decoding evaluate model-card bench bench-batching proto lint test clean
+.PHONY: help install system-deps run serve bundle corpus data-check tokenizer train release tune-decoding evaluate model-card bench bench-batching proto lint test clean
 
+# Every target, one line each (tests/test_cli.py checks that none is missing).
 help:
-	@echo "make run        serve the bundled English->Spanish model over gRPC (installs on first use)"
-	@echo "make test       lint + the whole test suite"
-	@echo "make corpus     build the EN-ES corpus from Debian packages into $(DATA)/"
-	@echo "make tokenizer  train the SentencePiece model into $(MODEL)/"
-	@echo "make train      train the small model (see $(MODEL)/MODEL_CARD.md for the shipped settings)"
-	@echo "make release    copy the training run's best weights into $(MODEL)/"
-	@echo "make tune-decoding  choose the decoding defaults of $(MODEL) on the valid split"
-	@echo "make evaluate   score $(MODEL) on the test split against Apertium"
-	@echo "make model-card evaluate $(MODEL) (test, common UI strings, fp32/int8) and write its MODEL_CARD.md"
-	@echo "make bundle     export $(MODEL) to the ONNX bundle $(BUNDLE)/"
-	@echo "make bench      engine vs PyTorch vs CTranslate2 speed benchmark"
-	@echo "make bench-batching  batching modes (off / request / in-flight) through gRPC, with a plot"
+	@echo "Serve and use:"
+	@echo "  make run             serve the shipped English->Spanish model over gRPC on :50051, metrics on :8000"
+	@echo "                       (installs .venv and exports $(BUNDLE)/ on first use); make serve is the same"
+	@echo "  make bundle          export $(MODEL) to the ONNX bundle $(BUNDLE)/ (only when the model changed)"
+	@echo "  make install         create .venv/ with the package and its train + dev extras (pyproject.toml)"
+	@echo "  make system-deps     apt-get install prometheus, apertium, nginx, docker-compose (tests, evaluate; root)"
+	@echo "Develop:"
+	@echo "  make test            lint + the whole test suite"
+	@echo "  make lint            ruff check ."
+	@echo "  make proto           regenerate proto/gen/ from proto/translator/v1/translator.proto"
+	@echo "  make clean           DELETE .venv/ and bundles/ (the next make run reinstalls and re-exports) and caches"
+	@echo "Model pipeline (all but corpus need $(DATA)/ from make corpus; data-check says so):"
+	@echo "  make corpus          build the EN-ES corpus from Debian packages into $(DATA)/ (about 1 minute)"
+	@echo "  make data-check      exit 2, naming the command to run, when $(DATA)/ has no corpus"
+	@echo "  make tokenizer       train a SentencePiece model into runs/tokenizer/ (the shipped one stays)"
+	@echo "  make train           train the small model into runs/en-es-small/ (TRAIN_ARGS=--resume continues)"
+	@echo "  make release         copy the run's best weights and their tokenizer into $(MODEL)/"
+	@echo "  make tune-decoding   choose the decoding defaults of $(MODEL) on the valid split (its decoding.json)"
+	@echo "  make evaluate        score $(MODEL) on the test split against Apertium into runs/eval.json"
+	@echo "  make model-card      evaluate $(MODEL) (test, UI strings, fp32/int8) and write its MODEL_CARD.md"
+	@echo "Benchmarks:"
+	@echo "  make bench           engine vs PyTorch vs CTranslate2 speed into bench.json"
+	@echo "  make bench-batching  batching modes (off / request / in-flight) through gRPC, with a plot (~45 min)"
+
+# The targets that read the corpus depend on this first: without $(DATA)/manifest.json (written last by
+# `make corpus`) make stops with one line naming the command to run (also under make -n).
+data-check:
+	$(if $(wildcard $(DATA)/manifest.json),,$(error $(DATA)/ is $(if $(wildcard $(DATA)/.),incomplete (no manifest.json),missing): run `make corpus$(if $(filter-out data,$(DATA)), DATA=$(DATA))` first (about 1 minute)))
 
 # The virtual environment is rebuilt when the dependency list changes. torch is pinned in
 # pyproject.toml (the CPU wheel); Debian's python3 needs python3-venv for `-m venv`.
@@ -57,38 +76,45 @@ run serve: install
 corpus: install
 	$(PY) -m model.corpus --out $(DATA)
 
-tokenizer: install
-	$(PY) -m model.tokenizer --data $(DATA) --out $(MODEL)
+# A new tokenizer goes to runs/tokenizer/, never over $(MODEL)/tokenizer.model: the shipped weights only
+# work with the tokenizer they were trained with. To adopt a new one, train on it and release both:
+#   make train TOKENIZER=runs/tokenizer/tokenizer.model && make release
+tokenizer: data-check install
+	$(PY) -m model.tokenizer --data $(DATA) --out runs/tokenizer
+	@echo "runs/tokenizer/tokenizer.model is not in use: make train TOKENIZER=runs/tokenizer/tokenizer.model, then make release"
 
 # Trains into runs/en-es-small (last.pt every 100 steps and on Ctrl-C / SIGTERM; the best weights so far
 # in runs/en-es-small/release). TRAIN_ARGS=--resume continues exactly where it stopped;
 # TRAIN_ARGS="--init-from $(MODEL)" continues from the shipped model (how it was trained, see its card).
-train: install
-	$(PY) -m model.train --data $(DATA) --tokenizer $(MODEL)/tokenizer.model --run-dir runs/en-es-small \
+train: data-check install
+	$(PY) -m model.train --data $(DATA) --tokenizer $(TOKENIZER) --run-dir runs/en-es-small \
 	  --release-dir runs/en-es-small/release --config small --lr 1.5e-3 --warmup 1000 --max-tokens 3000 \
 	  --valid-every 500 --valid-bleu-sentences 400 --threads 2 $(TRAIN_ARGS)
 
-# Promote the run's best weights to the shipped model directory (then: make tune-decoding model-card).
+# Promote the run's best weights, with the tokenizer they were trained with, to the shipped model
+# directory (then: make tune-decoding model-card).
 release:
 	cp runs/en-es-small/release/model.safetensors runs/en-es-small/release/config.json \
-	  runs/en-es-small/release/training.json $(MODEL)/
+	  runs/en-es-small/release/training.json runs/en-es-small/release/tokenizer.model $(MODEL)/
 
 # Decoding defaults, chosen on the valid split through the engine, written to $(MODEL)/decoding.json.
-tune-decoding: install bundle
+tune-decoding: data-check install bundle
 	$(PY) -m bench.tune_decoding --model $(MODEL) --data $(DATA) --bundle $(BUNDLE)
 	$(MAKE) --no-print-directory bundle
 
-evaluate: install system-deps
+# The report goes to runs/eval.json (the model card's own reports, in $(MODEL)/, are make model-card's).
+evaluate: data-check install system-deps
+	@mkdir -p runs
 	$(PY) -m bench.evaluate --model $(MODEL) --data $(DATA) --split test --n 1000 --beam 4 --apertium \
-	  --json $(MODEL)/eval.json
+	  --json runs/eval.json
 
 # Every number of the model card in one command: test split (all / novel / by package), the common UI
 # strings, repeated words, placeholders, side by side with Apertium; fp32 and int8 engine; data counts
 # and the training curve.
-model-card: install system-deps bundle
+model-card: data-check install system-deps bundle
 	$(PY) -m bench.model_card --model $(MODEL) --data $(DATA) --bundle $(BUNDLE)
 
-bench: install bundle
+bench: data-check install bundle
 	$(PY) -m bench.engine_speed --model $(MODEL) --bundle $(BUNDLE) --json bench.json
 
 # Servers on CPU 1 (1 ONNX Runtime thread each, one busy at a time), load generator on the others.
@@ -106,5 +132,6 @@ lint: install
 test: install system-deps lint
 	$(PY) -m pytest -q
 
+# Deletes the virtual environment and every exported bundle (not data/, runs/ or models/).
 clean:
 	rm -rf $(VENV) bundles .pytest_cache .ruff_cache

@@ -2,10 +2,21 @@
 
     python -m client "Open the file" "Save changes?"          # one translation per argument
     python -m client < input.en > output.es                    # one translation per stdin line, in order
-    python -m client --info                                    # model name, limits, defaults
+    python -m client --info                                    # model, languages, limits, defaults
 
-Exit status: 0 ok, 1 other error, 2 usage, 3 server unreachable (UNAVAILABLE), 4 invalid argument,
-5 deadline exceeded, 6 server busy (RESOURCE_EXHAUSTED), 7 authentication/permission error.
+Before the first request the CLI waits up to --wait-s seconds (default 30) for the server to be ready
+(health SERVING: a server that is starting refuses connections, then answers NOT_SERVING while it
+loads its model), saying so on stderr.
+
+Output: one line per input text. --scores: SCORE<TAB>TEXT, the score with 4 decimals. With
+--num-hypotheses N > 1: N lines per input text (best first, each SCORE<TAB>TEXT with --scores), then
+an empty line.
+
+Exit status: 0 ok, 1 other error, 2 usage, 3 server unreachable or not ready within --wait-s
+(UNAVAILABLE), 4 invalid request (INVALID_ARGUMENT, or larger than the server's message size limit),
+5 deadline exceeded, 6 server busy (RESOURCE_EXHAUSTED: queue full), 7 authentication: token refused
+(UNAUTHENTICATED / PERMISSION_DENIED) or TLS failure (server certificate not verified, client
+certificate refused, TLS on one side only).
 """
 
 from __future__ import annotations
@@ -18,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from client.core import DEFAULT_TARGET, TranslatorClient, TranslatorError
+from client.core import DEFAULT_TARGET, NotServingError, TLSError, TranslatorClient, TranslatorError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INVALID, EXIT_DEADLINE, EXIT_BUSY, EXIT_AUTH = range(
     8
@@ -34,9 +45,35 @@ def escape_line(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n")
 
 
-def explain(e: TranslatorError, target: str) -> tuple[int, str]:
+TLS_HINTS = {
+    "untrusted": "pass --ca-cert with the CA certificate that signed the server's certificate",
+    "hostname": "reach the server by a name its certificate lists, or pass --server-name NAME",
+    "not_tls": "the server listens without TLS: drop --tls, --ca-cert, --cert and --key",
+    "needs_tls": "pass --tls (system CA certificates) or --ca-cert FILE",
+    "client_cert": (
+        "pass --cert and --key with a client certificate signed by the CA the server trusts "
+        "(its TRANSLATOR_TLS_CLIENT_CA)"
+    ),
+    "handshake": "check --tls, --ca-cert, --cert/--key and --server-name",
+}
+
+
+def explain(e: TranslatorError, target: str, wait_s: float = 0.0) -> tuple[int, str]:
     """Exit code and a message that says what went wrong and what to do."""
     c = e.code
+    if isinstance(e, TLSError):
+        return EXIT_AUTH, f"TLS with {target} failed: {e.details}.\n{TLS_HINTS[e.problem]}"
+    if isinstance(e, NotServingError):
+        last = "NOT_SERVING: still loading its model" if e.last == "NOT_SERVING" else e.last
+        return EXIT_UNAVAILABLE, (
+            f"the server at {target} was not ready within {wait_s:g} s (last answer: {last}).\n"
+            "Is it running (make run, or python -m server)? Check --target, or wait longer with --wait-s."
+        )
+    if e.message_too_large:
+        return EXIT_INVALID, (
+            f"the request is larger than the server accepts ({e.details}); "
+            "send fewer or shorter lines per request (--batch-size)"
+        )
     if c == grpc.StatusCode.UNAVAILABLE:
         return EXIT_UNAVAILABLE, (
             f"cannot reach a serving translation server at {target}: {e.details}\n"
@@ -44,7 +81,7 @@ def explain(e: TranslatorError, target: str) -> tuple[int, str]:
             "and --tls/--ca-cert if the server uses TLS."
         )
     if c == grpc.StatusCode.INVALID_ARGUMENT:
-        return EXIT_INVALID, f"the server refused the request: {e.details}"
+        return EXIT_INVALID, f"invalid request: {e.details}"
     if c == grpc.StatusCode.DEADLINE_EXCEEDED:
         return (
             EXIT_DEADLINE,
@@ -73,17 +110,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-length", type=int, default=0, help="max generated tokens (default: from source)")
     p.add_argument("--length-penalty", type=float, default=None, help="GNMT alpha (default: model's)")
     p.add_argument("--scores", action="store_true", help="print SCORE<TAB>TEXT")
-    p.add_argument("--batch-size", type=int, default=16, help="stdin lines per request (default: 16)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=16,
+        help="texts per request, capped by the server's limits (default: 16)",
+    )
     p.add_argument("--parallel", type=int, default=4, help="requests in flight for stdin input (default: 4)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per request, retries included")
     p.add_argument("--retries", type=int, default=3, help="retries on UNAVAILABLE / RESOURCE_EXHAUSTED")
+    p.add_argument(
+        "--wait-s",
+        type=float,
+        default=30.0,
+        help="wait this long for the server to be ready before the first request; 0 = no wait "
+        "(default: %(default)g)",
+    )
     p.add_argument(
         "--escaped",
         action="store_true",
         help="lines use backslash escapes (\\n inside a segment, \\\\), like data/*.en; output too",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument("--info", action="store_true", help="print the model info and exit")
+    p.add_argument("--info", action="store_true", help="print the model, its limits and defaults, and exit")
     p.add_argument("--tls", action="store_true", help="use TLS with the system's root certificates")
     p.add_argument("--ca-cert", help="PEM CA certificate(s) to verify the server (implies --tls)")
     p.add_argument("--cert", help="PEM client certificate (mutual TLS)")
@@ -97,22 +146,49 @@ def build_parser() -> argparse.ArgumentParser:
 
 def format_translation(t, args) -> list[str]:
     def clean(text: str) -> str:
-        return escape_line(text) if args.escaped else text.replace("\n", " ")
+        # One line per text: a newline (or carriage return) inside a translation becomes a space.
+        return escape_line(text) if args.escaped else re.sub(r"\r\n|[\r\n]", " ", text)
+
+    def line(h) -> str:
+        if not args.scores:
+            return clean(h.text)
+        return f"{'' if h.score is None else format(h.score, '.4f')}\t{clean(h.text)}"
 
     if args.num_hypotheses > 1:
-        return [
-            f"{h.score if h.score is not None else ''}\t{clean(h.text)}" if args.scores else clean(h.text)
-            for h in t.hypotheses
-        ] + [""]
-    best = t.hypotheses[0] if t.hypotheses else None
-    text = clean(best.text) if best else ""
-    return [f"{best.score:.4f}\t{text}" if args.scores and best and best.score is not None else text]
+        return [line(h) for h in t.hypotheses] + [""]
+    return [line(t.hypotheses[0]) if t.hypotheses else ""]
+
+
+def format_info(info) -> str:
+    """GetModelInfoResponse as a few readable lines."""
+    lim, d = info.limits, info.default_options
+    mode = getattr(info, "batching_mode", "")  # newer servers name the mode
+    providers = ", ".join(info.execution_providers) or "?"
+    penalty = f"{d.length_penalty:g}" if d.HasField("length_penalty") else "none"
+    max_length = f"{d.max_length} tokens" if d.max_length else "from the source (1.5 x its tokens + 10)"
+    rows = [
+        ("model", f"{info.name} {info.version}".strip() + f" ({info.variant or '?'} on {providers})"),
+        ("languages", f"{info.source_language} -> {info.target_language}"),
+        ("batching", mode or ("on" if info.batching else "off")),
+        (
+            "limits",
+            f"{lim.max_texts_per_request} texts and {lim.max_request_bytes} bytes per request, "
+            f"{lim.max_source_tokens} source tokens per text, beam size <= {lim.max_beam_size}, "
+            f"max length <= {lim.max_length} tokens",
+        ),
+        (
+            "defaults",
+            f"beam size {d.beam_size}, n-best {d.num_hypotheses}, length penalty {penalty}, "
+            f"max length {max_length}",
+        ),
+    ]
+    return "\n".join(f"{k + ':':<11}{v}" for k, v in rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.batch_size < 1 or args.parallel < 1:
-        print("error: --batch-size and --parallel must be >= 1", file=sys.stderr)
+    if args.batch_size < 1 or args.parallel < 1 or args.wait_s < 0:
+        print("error: --batch-size and --parallel must be >= 1, --wait-s >= 0", file=sys.stderr)
         return EXIT_USAGE
     client = TranslatorClient(
         args.target,
@@ -134,24 +210,31 @@ def main(argv: list[str] | None = None) -> int:
         return_scores=args.scores,
     )
     try:
-        if args.info:
-            print(client.model_info())
-            return EXIT_OK
+        texts: list[str] = []
+        from_stdin = not args.texts and not args.info
         if args.texts:
             texts = [unescape_line(t) for t in args.texts] if args.escaped else list(args.texts)
-            from_stdin = False
-        else:
+        elif from_stdin:
             lines = sys.stdin.read().split("\n")
             if lines and lines[-1] == "":
                 lines.pop()
             texts = [unescape_line(t) if args.escaped else t.rstrip("\r") for t in lines]
-            from_stdin = True
-        if not texts:
+        if not texts and not args.info:
             return EXIT_OK
-        batch_size = args.batch_size
-        if len(texts) > batch_size:
-            batch_size = min(batch_size, client.model_info().limits.max_texts_per_request or batch_size)
-        batches = [texts[i : i + batch_size] for i in range(0, len(texts), batch_size)]
+        if args.wait_s > 0:
+            client.wait_until_serving(
+                args.wait_s,
+                on_waiting=lambda: print(
+                    f"waiting for the server at {args.target} to be ready... "
+                    f"(up to {args.wait_s:g} s, --wait-s)",
+                    file=sys.stderr,
+                    flush=True,
+                ),
+            )
+        if args.info:
+            print(format_info(client.model_info()))
+            return EXIT_OK
+        batches = client.batches(texts, args.batch_size, **options)  # within the server's limits
         progress = None
         if from_stdin and not args.no_progress and len(batches) > 1:
             from tqdm import tqdm
@@ -174,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             progress.close()
         return EXIT_OK
     except TranslatorError as e:
-        code, message = explain(e, args.target)
+        code, message = explain(e, args.target, args.wait_s)
         print(f"error: {message}", file=sys.stderr)
         return code
     except BrokenPipeError:  # e.g. piped into `head`

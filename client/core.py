@@ -1,6 +1,8 @@
 """Client library for the Translator gRPC service: sync (TranslatorClient) and asyncio
 (AsyncTranslatorClient), with per-call timeouts, retries with exponential backoff on UNAVAILABLE
-(and, optionally, RESOURCE_EXHAUSTED after the server's `retry-after-ms` hint), TLS and bearer tokens.
+(and, optionally, RESOURCE_EXHAUSTED after the server's `retry-after-ms` hint), TLS and bearer tokens,
+a bounded wait for the server to be ready (`wait_until_serving`) and request splitting within the
+server's limits (`split_batches`, `TranslatorClient.batches`).
 
     from client import TranslatorClient
     with TranslatorClient("localhost:50051") as c:
@@ -11,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
+import ssl
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +29,9 @@ from proto.gen.translator.v1 import translator_pb2_grpc as pb_grpc
 DEFAULT_TARGET = "localhost:50051"
 RETRY_AFTER_KEY = "retry-after-ms"
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# gRPC's own RESOURCE_EXHAUSTED for a message over a size limit ("Received message larger than max
+# (N vs. M)" from the server, "Sent message larger than max" from this side): retrying cannot help.
+TOO_LARGE_MARKER = "message larger than max"
 
 
 @dataclass
@@ -95,6 +102,143 @@ class TranslatorError(Exception):
             pass
         return cls(code or grpc.StatusCode.UNKNOWN, details, retry, target)
 
+    @property
+    def message_too_large(self) -> bool:
+        """The request (or response) is over a message size limit: a permanent error, unlike a full
+        queue, which answers RESOURCE_EXHAUSTED too."""
+        return self.code == grpc.StatusCode.RESOURCE_EXHAUSTED and TOO_LARGE_MARKER in self.details.lower()
+
+
+class TLSError(TranslatorError):
+    """The TLS handshake failed, or the server closed the connection right after it: certificates or
+    settings that retrying does not fix, so it is raised at once. The code stays gRPC's (UNAVAILABLE);
+    `problem` is one of the keys of PROBLEMS and the message starts with its explanation."""
+
+    PROBLEMS = {
+        "untrusted": "the server's certificate could not be verified",
+        "hostname": "the server's certificate does not name the host it was reached by",
+        "not_tls": "the server does not use TLS",
+        "needs_tls": "the server uses TLS but this client does not",
+        "client_cert": "the server refused the client certificate (none given, or not signed by its CA)",
+        "handshake": "the TLS handshake failed",
+    }
+
+    def __init__(self, problem: str, error: TranslatorError) -> None:
+        self.problem = problem
+        super().__init__(error.code, f"{self.PROBLEMS[problem]} ({error.details})", 0, error.target)
+
+
+def tls_problem(details: str) -> str | None:
+    """The TLS failure that a gRPC UNAVAILABLE message names, or None."""
+    d = details.lower()
+    if "wrong_version_number" in d:
+        return "not_tls"
+    if "hostname verification" in d or "no match found for server name" in d:
+        return "hostname"
+    if "handshake failed" in d:
+        # Whatever the reason (unknown issuer, bad signature, expired), a certificate named in a
+        # failed handshake on this side is the server's, which this side could not verify.
+        return "untrusted" if "certificate" in d or "bad_signature" in d else "handshake"
+    return None
+
+
+def _host_port(target: str) -> tuple[str, int] | None:
+    for prefix in ("dns:///", "dns:", "ipv4:", "ipv6:"):
+        if target.startswith(prefix):
+            target = target[len(prefix) :]
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit() or "/" in host:
+        return None
+    return host.strip("[]"), int(port)
+
+
+def probe_tls(
+    target: str,
+    *,
+    tls: bool,
+    ca_cert: str | Path | None = None,
+    client_cert: str | Path | None = None,
+    client_key: str | Path | None = None,
+    server_name: str | None = None,
+    timeout: float = 3.0,
+) -> str | None:
+    """Why a server closed the connection without a word ("Socket closed"), or None if not for TLS.
+
+    With tls: a TLS 1.3 server that refuses the client certificate completes the handshake and then
+    closes the connection, so a handshake followed by an HTTP/2 preface that gets no answer means
+    "client_cert". Without tls: a server that completes a TLS handshake wants TLS ("needs_tls")."""
+    address = _host_port(target)
+    if address is None:
+        return None
+    host, port = address
+    if tls:
+        ctx = ssl.create_default_context(cafile=str(ca_cert) if ca_cert else None)
+        if client_cert:
+            ctx.load_cert_chain(str(client_cert), str(client_key) if client_key else None)
+    else:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    ctx.set_alpn_protocols(["h2"])
+    try:
+        with (
+            socket.create_connection((host, port), timeout=timeout) as raw,
+            ctx.wrap_socket(raw, server_hostname=server_name or host) as conn,
+        ):
+            if not tls:
+                return "needs_tls"
+            conn.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+            try:
+                return None if conn.recv(1) else "client_cert"
+            except (ConnectionResetError, ssl.SSLError):
+                return "client_cert"
+            except TimeoutError:
+                return None
+    except ssl.SSLCertVerificationError:
+        return "untrusted" if tls else None
+    except (OSError, ValueError):
+        return None
+
+
+def split_batches(
+    texts: Sequence[str], max_texts: int, max_bytes: int = 0, fixed_bytes: int = 0
+) -> list[list[str]]:
+    """Consecutive batches of `texts`, in order: at most `max_texts` texts each (0 = no limit) and, when
+    max_bytes > 0, at most `max_bytes` bytes as a serialized TranslateRequest, `fixed_bytes` being the
+    rest of the request (its options). A text that cannot fit alone raises TranslatorError
+    (INVALID_ARGUMENT) before anything is sent."""
+    batches: list[list[str]] = []
+    batch: list[str] = []
+    size = fixed_bytes
+    for i, text in enumerate(texts):
+        cost = pb.TranslateRequest(texts=[text]).ByteSize() if max_bytes > 0 else 0
+        if max_bytes > 0 and fixed_bytes + cost > max_bytes:
+            raise TranslatorError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"text {i + 1} is {len(text.encode('utf-8'))} bytes, more than the {max_bytes} bytes "
+                "the server accepts in one request",
+            )
+        if batch and (
+            (max_texts > 0 and len(batch) >= max_texts) or (max_bytes > 0 and size + cost > max_bytes)
+        ):
+            batches.append(batch)
+            batch, size = [], fixed_bytes
+        batch.append(text)
+        size += cost
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+class NotServingError(TranslatorError):
+    """wait_until_serving ran out of time: code DEADLINE_EXCEEDED; `last` is the last answer seen."""
+
+    def __init__(self, timeout: float, last: str, target: str = "") -> None:
+        self.last = last
+        super().__init__(
+            grpc.StatusCode.DEADLINE_EXCEEDED, f"not SERVING after {timeout:g}s ({last})", 0, target
+        )
+
 
 _STATUS_BY_VALUE = {s.value[0]: s for s in grpc.StatusCode}
 
@@ -160,14 +304,18 @@ class _Base:
         client_key: str | Path | None = None,
         server_name: str | None = None,
         token: str | None = None,
+        max_reconnect_backoff: float = 1.0,
     ) -> None:
         """
         target: host:port. timeout: default per-call deadline in seconds (None: none), covering retries.
-        retries: extra attempts after UNAVAILABLE (and RESOURCE_EXHAUSTED if retry_resource_exhausted).
+        retries: extra attempts after UNAVAILABLE (and RESOURCE_EXHAUSTED if retry_resource_exhausted;
+        never after a message over the size limit or a TLS failure, which raise at once).
         backoff / max_backoff: first and largest wait between attempts (doubling, with jitter).
         tls: use TLS (implied by ca_cert/client_cert); ca_cert: PEM roots (default: system roots);
         client_cert/client_key: PEM for mutual TLS; server_name: override the TLS host name check.
         token: bearer token sent as `authorization: Bearer <token>`.
+        max_reconnect_backoff: longest pause, in seconds, between connection attempts to a server that
+        is down (gRPC's default grows to 2 minutes, so a server that just started would go unnoticed).
         """
         self.target = target
         self.timeout = timeout
@@ -179,10 +327,20 @@ class _Base:
         self._options = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.initial_reconnect_backoff_ms", int(min(250, max_reconnect_backoff * 1000))),
+            ("grpc.max_reconnect_backoff_ms", int(max_reconnect_backoff * 1000)),
         ]
         if server_name:
             self._options.append(("grpc.ssl_target_name_override", server_name))
         self._credentials = None
+        self._tls = dict(
+            tls=bool(tls or ca_cert or client_cert),
+            ca_cert=ca_cert,
+            client_cert=client_cert,
+            client_key=client_key,
+            server_name=server_name,
+        )
+        self._limits: pb.Limits | None = None
         if tls or ca_cert or client_cert:
             self._credentials = grpc.ssl_channel_credentials(
                 root_certificates=_read(ca_cert),
@@ -200,7 +358,7 @@ class _Base:
 
     def _retry_delay(self, error: TranslatorError, attempt: int, deadline: float | None) -> float | None:
         """Seconds to wait before retrying, or None to give up."""
-        if attempt >= self.retries:
+        if attempt >= self.retries or error.message_too_large or isinstance(error, TLSError):
             return None
         if error.code == grpc.StatusCode.UNAVAILABLE:
             delay = min(self.max_backoff, self.backoff * 2**attempt) * random.uniform(0.5, 1.0)
@@ -211,6 +369,23 @@ class _Base:
         if deadline is not None and time.monotonic() + delay >= deadline:
             return None
         return delay
+
+    def _tls_error(self, error: TranslatorError, probe: bool = True) -> TranslatorError:
+        """`error` as a TLSError when it is a TLS failure (which gRPC reports as UNAVAILABLE). A bare
+        "Socket closed" is looked into with a TLS handshake of our own when `probe` (blocking)."""
+        if error.code != grpc.StatusCode.UNAVAILABLE or isinstance(error, TLSError):
+            return error
+        problem = tls_problem(error.details)
+        if problem is None and probe and "socket closed" in error.details.lower():
+            problem = probe_tls(self.target, **self._tls)
+        return TLSError(problem, error) if problem else error
+
+    def _batches(self, texts: Sequence[str], batch_size: int, options: pb.DecodingOptions) -> list[list[str]]:
+        limits = self._limits or pb.Limits()
+        max_texts = min(batch_size, limits.max_texts_per_request or batch_size)
+        max_bytes = min(limits.max_request_bytes or MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES)
+        fixed = pb.TranslateRequest(options=options).ByteSize()
+        return split_batches(texts, max_texts, max_bytes, fixed)
 
 
 class TranslatorClient(_Base):
@@ -241,10 +416,10 @@ class TranslatorClient(_Base):
             try:
                 return method(request, timeout=self._remaining(deadline), metadata=self._metadata)
             except grpc.RpcError as e:
-                error = TranslatorError.from_rpc_error(e, self.target)
+                error = self._tls_error(TranslatorError.from_rpc_error(e, self.target), probe=False)
                 delay = self._retry_delay(error, attempt, deadline)
                 if delay is None:
-                    raise error from None
+                    raise self._tls_error(error) from None
                 time.sleep(delay)
                 attempt += 1
 
@@ -286,7 +461,20 @@ class TranslatorClient(_Base):
             raise TranslatorError.from_rpc_error(e, self.target) from None
 
     def model_info(self, timeout: float | None = None) -> pb.GetModelInfoResponse:
-        return self._call(self.stub.GetModelInfo, pb.GetModelInfoRequest(), timeout)
+        info = self._call(self.stub.GetModelInfo, pb.GetModelInfoRequest(), timeout)
+        self._limits = info.limits
+        return info
+
+    def batches(
+        self, texts: Sequence[str], batch_size: int = 16, timeout: float | None = None, **options
+    ) -> list[list[str]]:
+        """`texts` split into consecutive requests the server accepts: at most `batch_size` texts each,
+        capped by the server's limits (GetModelInfo, asked once per client): texts per request and
+        request bytes. `options`: those of translate(), which count towards the bytes. A text too
+        large to send alone raises TranslatorError (INVALID_ARGUMENT) before anything is sent."""
+        if texts and self._limits is None:
+            self.model_info(timeout)
+        return self._batches(texts, batch_size, decoding_options(**options))
 
     def health(self, service: str = "", timeout: float | None = 5.0) -> str:
         """ "SERVING", "NOT_SERVING", ... of the standard health service (no retries)."""
@@ -296,21 +484,45 @@ class TranslatorClient(_Base):
             raise TranslatorError.from_rpc_error(e, self.target) from None
         return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
 
-    def wait_until_serving(self, timeout: float = 60.0, interval: float = 0.2) -> None:
-        """Poll health until SERVING; TranslatorError(DEADLINE_EXCEEDED) after `timeout` seconds."""
+    def wait_until_serving(
+        self, timeout: float = 60.0, interval: float = 0.2, on_waiting: Callable[[], None] | None = None
+    ) -> None:
+        """Poll the health service until SERVING (connection refused and NOT_SERVING: the server is
+        starting or loading its model). `on_waiting()` is called once, at the first answer that is not
+        SERVING. Returns at once too when the server has no health service or wants credentials for
+        it (the next call will tell). Raises TLSError at once on a TLS failure (waiting cannot fix
+        it), NotServingError (a TranslatorError with code DEADLINE_EXCEEDED) after `timeout` s."""
         end = time.monotonic() + timeout
-        last = "no answer"
-        while time.monotonic() < end:
+        last, waiting, probed = "no answer", False, False
+        while True:
             try:
                 last = self.health(timeout=max(0.1, min(2.0, end - time.monotonic())))
                 if last == "SERVING":
                     return
             except TranslatorError as e:
-                last = str(e)
+                if e.code in _NOT_WAITED_FOR:
+                    return
+                error = self._tls_error(e, probe=not probed)
+                probed = probed or "socket closed" in e.details.lower()
+                if isinstance(error, TLSError):
+                    raise error from None
+                if e.code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise
+                last = f"{e.code.name}: {e.details}"
+            if time.monotonic() + interval >= end:
+                raise NotServingError(timeout, last, self.target)
+            if not waiting and on_waiting is not None:
+                on_waiting()
+            waiting = True
             time.sleep(interval)
-        raise TranslatorError(
-            grpc.StatusCode.DEADLINE_EXCEEDED, f"not SERVING after {timeout}s ({last})", 0, self.target
-        )
+
+
+_NOT_WAITED_FOR = (
+    grpc.StatusCode.UNIMPLEMENTED,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+)
 
 
 class AsyncTranslatorClient(_Base):
@@ -341,9 +553,11 @@ class AsyncTranslatorClient(_Base):
             try:
                 return await method(request, timeout=self._remaining(deadline), metadata=self._metadata)
             except grpc.RpcError as e:
-                error = TranslatorError.from_rpc_error(e, self.target)
+                error = self._tls_error(TranslatorError.from_rpc_error(e, self.target), probe=False)
                 delay = self._retry_delay(error, attempt, deadline)
                 if delay is None:
+                    if "socket closed" in error.details.lower():  # the probe blocks: not on the loop
+                        error = await asyncio.to_thread(self._tls_error, error)
                     raise error from None
                 await asyncio.sleep(delay)
                 attempt += 1
@@ -391,7 +605,17 @@ class AsyncTranslatorClient(_Base):
             raise TranslatorError.from_rpc_error(e, self.target) from None
 
     async def model_info(self, timeout: float | None = None) -> pb.GetModelInfoResponse:
-        return await self._call(self.stub.GetModelInfo, pb.GetModelInfoRequest(), timeout)
+        info = await self._call(self.stub.GetModelInfo, pb.GetModelInfoRequest(), timeout)
+        self._limits = info.limits
+        return info
+
+    async def batches(
+        self, texts: Sequence[str], batch_size: int = 16, timeout: float | None = None, **options
+    ) -> list[list[str]]:
+        """As TranslatorClient.batches."""
+        if texts and self._limits is None:
+            await self.model_info(timeout)
+        return self._batches(texts, batch_size, decoding_options(**options))
 
     async def health(self, service: str = "", timeout: float | None = 5.0) -> str:
         try:

@@ -71,12 +71,21 @@ def test_cli_stdin_keeps_order_in_batches(tiny_server):
 
 def test_cli_info(tiny_server):
     p = cli("--target", tiny_server.target, "--info")
-    assert p.returncode == 0 and 'name: "tiny-test"' in p.stdout
+    assert p.returncode == 0, p.stderr
+    rows = dict(line.split(":", 1) for line in p.stdout.splitlines())
+    assert list(rows) == ["model", "languages", "batching", "limits", "defaults"]
+    assert rows["model"].split()[0] == "tiny-test" and "fp32 on CPUExecutionProvider" in rows["model"]
+    assert rows["languages"].strip() == "en -> es"
+    assert rows["batching"].strip() in ("inflight", "request", "off", "on")
+    assert "16 texts and 4194304 bytes per request" in rows["limits"]
+    assert all(k in rows["defaults"] for k in ("beam size ", "n-best ", "length penalty ", "max length "))
 
 
 def test_cli_exit_codes(tiny_server, start_server, tiny_bundle):
-    down = cli("--target", f"127.0.0.1:{free_port()}", "--retries", "1", "--timeout", "5", "hello")
-    assert down.returncode == 3 and "cannot reach" in down.stderr
+    down = cli("--target", f"127.0.0.1:{free_port()}", "--wait-s", "0.5", "hello")
+    assert down.returncode == 3 and "not ready within 0.5 s" in down.stderr
+    no_wait = cli("--target", f"127.0.0.1:{free_port()}", "--wait-s", "0", "--retries", "1", "hello")
+    assert no_wait.returncode == 3 and "cannot reach" in no_wait.stderr
     bad = cli("--target", tiny_server.target, "--beam-size", "99", "hello")
     assert bad.returncode == 4 and "beam_size=99" in bad.stderr
     slow = cli(
