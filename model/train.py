@@ -177,6 +177,35 @@ def load_release(model_dir: Path, device: str | torch.device = "cpu") -> Transfo
     return model.to(device).eval()
 
 
+def release_last(run_dir: Path, release_dir: Path, tokenizer: Tokenizer) -> None:
+    """Release the weights of run_dir/last.pt, with its latest validation as the 'best' record.
+
+    The trainer releases on novel-valid BLEU alone; this is for choosing a checkpoint on the whole
+    validation record (BLEU, chrF, common UI strings), as the model card reports it."""
+    state = torch.load(run_dir / "last.pt", map_location="cpu", weights_only=False)
+    config = TransformerConfig.from_dict(state["model_config"])
+    model = Transformer(config)
+    model.load_state_dict(state["model"])
+    history = state["history"]
+    if not history or history[-1]["step"] != state["step"]:
+        raise SystemExit(
+            f"{run_dir / 'last.pt'} was saved between validations (step {state['step']}); "
+            "release a checkpoint written by a validation"
+        )
+    metrics = {
+        "best": history[-1],
+        "history": history,
+        "train_config": state["train_config"],
+        "parameters": model.num_parameters(),
+        "device": "cpu",
+        "hardware": state.get("hardware") or hardware_name(torch.device("cpu")),
+        "threads": history[-1].get("threads", torch.get_num_threads()),
+        "train_pairs": state.get("train_pairs"),
+    }
+    save_release(model, release_dir, tokenizer, metrics)
+    print(f"released step {state['step']} of {run_dir / 'last.pt'} -> {release_dir}")
+
+
 def hardware_name(device: torch.device) -> str:
     """What trained the model, for the model card: the GPU's name, else the CPU model and core count."""
     if device.type == "cuda":
@@ -211,6 +240,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--release-dir", type=Path, required=True)
     parser.add_argument("--resume", action="store_true", help="continue from run-dir/last.pt")
     parser.add_argument("--init-from", type=Path, help="start from this released model's weights")
+    parser.add_argument(
+        "--release-last",
+        action="store_true",
+        help="write run-dir/last.pt as the release (its latest validation as 'best') and exit",
+    )
     parser.add_argument("--device", default="auto")
     parser.add_argument(
         "--max-train-pairs", type=int, default=0, help="use only the first N pairs (smoke runs)"
@@ -219,6 +253,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
     args = parser.parse_args(argv)
     cfg = TrainConfig(**{k: getattr(args, k) for k in vars(TrainConfig())})
+    if args.release_last:
+        release_last(args.run_dir, args.release_dir, Tokenizer(args.tokenizer))
+        return
 
     device = torch.device(
         "cuda"
@@ -321,6 +358,8 @@ def main(argv: list[str] | None = None) -> None:
                 "train_seconds": train_seconds,
                 "train_config": vars(cfg),
                 "model_config": config.to_dict(),
+                "hardware": hardware_name(device),
+                "train_pairs": len(train),
             },
             tmp,
         )

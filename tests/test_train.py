@@ -1,5 +1,6 @@
 """Training loop pieces: batching, the learning-rate schedule, and a stopped run resuming exactly."""
 
+import json
 import random
 from pathlib import Path
 
@@ -88,3 +89,11 @@ def test_a_stopped_run_resumes_exactly(tiny_data, tmp_path, monkeypatch):
         history[-1]
     )
     assert set(load_file(str(tmp_path / "twice" / "rel" / "model.safetensors")))  # a release was written
+    # the last validated checkpoint can be released whatever the criterion said
+    main(["--tokenizer", str(TOKENIZER), "--run-dir", str(tmp_path / "twice"), "--release-dir",
+          str(tmp_path / "last"), "--release-last"])  # fmt: skip
+    released = load_file(str(tmp_path / "last" / "model.safetensors"))
+    for name, tensor in twice["model"].items():
+        assert torch.equal(released[name], tensor.half()), name
+    info = json.loads((tmp_path / "last" / "training.json").read_text())
+    assert info["best"]["step"] == 6 and info["hardware"]
