@@ -45,6 +45,8 @@ def common_strings(records: Iterable[dict], n: int = 200) -> list[CommonString]:
     split that ships that exact pair). Sources are grouped exactly as written (accelerators are already
     stripped by the corpus builder); ties are broken by the source text so the list is reproducible.
     """
+    if n <= 0:
+        return []
     source_packages: dict[str, set[str]] = defaultdict(set)
     answer_packages: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     for record in records:

@@ -449,7 +449,9 @@ def main(argv: list[str] | None = None) -> None:
                 group["lr"] = lr
             loss_sum, n_tokens = label_smoothed_loss(model(src, tgt_in), tgt_out, 0, cfg.label_smoothing)
             optimizer.zero_grad(set_to_none=True)
-            (loss_sum / n_tokens).backward()
+            # Divided by the token budget, not by this batch's tokens: every token weighs the same, so
+            # the many small batches of short strings (see make_batches) do not outweigh long text.
+            (loss_sum / cfg.max_tokens).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
             optimizer.step()
             step += 1

@@ -31,6 +31,7 @@ def test_ranked_by_packages_with_answers_two_packages_give():
     assert items[2].accepted == ("guardar",) and items[2].packages == 4
     assert items[3].accepted == ("cerrar",)
     assert [i.source for i in common_strings(records, n=2)] == ["Quit", "Open"]
+    assert common_strings(records, n=0) == []  # --common 0: none, not all
 
 
 def test_acceptance_ignores_case_final_punctuation_and_unicode_form():
