@@ -97,3 +97,16 @@ def test_a_stopped_run_resumes_exactly(tiny_data, tmp_path, monkeypatch):
         assert torch.equal(released[name], tensor.half()), name
     info = json.loads((tmp_path / "last" / "training.json").read_text())
     assert info["best"]["step"] == 6 and info["hardware"]
+
+
+def test_frequent_pairs_repeat_by_log_of_their_package_count(tmp_path):
+    from model.train import repeat_frequent
+
+    pairs = [("Cancel", "Cancelar"), ("Quit", "Salir"), ("Rare", "Raro")]
+    rows = [{"packages": [f"p{i}" for i in range(82)]}, {"packages": ["a", "b", "c"]}, {"packages": ["a"]}]
+    jsonl = tmp_path / "train.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = repeat_frequent(pairs, jsonl)
+    assert out.count(("Cancel", "Cancelar")) == 7 and out.count(("Quit", "Salir")) == 2
+    assert out.count(("Rare", "Raro")) == 1 and len(out) == 10
+    assert repeat_frequent(pairs, tmp_path / "missing.jsonl") == pairs
