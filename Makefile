@@ -89,7 +89,7 @@ tokenizer: data-check install
 train: data-check install
 	$(PY) -m model.train --data $(DATA) --tokenizer $(TOKENIZER) --run-dir runs/en-es-small \
 	  --release-dir runs/en-es-small/release --config small --lr 1.5e-3 --warmup 1000 --max-tokens 3000 \
-	  --valid-every 500 --valid-bleu-sentences 400 --threads 2 $(TRAIN_ARGS)
+	  --valid-every 250 --valid-bleu-sentences 400 --threads 2 $(TRAIN_ARGS)
 
 # Promote the run's best weights, with the tokenizer they were trained with, to the shipped model
 # directory (then: make tune-decoding model-card).
