@@ -145,13 +145,13 @@ def test_fake_engine_satisfies_the_contract():
 # ---- request-level batching (fake engine) ---------------------------------------------------------------
 
 
-def test_concurrent_requests_share_batches_and_match_solo(fake):
-    solo = [r[0].text for r in (fake.translate([t], GREEDY)[0] for t in TEXTS)]
-    fake.batches.clear()
-    scheduler, metrics = make_scheduler(fake, max_wait_ms=50)
+def concurrent_single_text_requests(engine) -> tuple[list[str], list, object]:
+    """Single-text requests sent at once: (their solo translations, the jobs, the metrics)."""
+    solo = [r[0].text for r in (engine.translate([t], GREEDY)[0] for t in TEXTS)]
+    scheduler, metrics = make_scheduler(engine, max_wait_ms=50)
 
     async def main():
-        return await asyncio.gather(*(scheduler.run(job(fake, [t])) for t in TEXTS))
+        return await asyncio.gather(*(scheduler.run(job(engine, [t])) for t in TEXTS))
 
     try:
         jobs = asyncio.run(main())
@@ -161,7 +161,16 @@ def test_concurrent_requests_share_batches_and_match_solo(fake):
     batches, segments = hist(metrics, "translator_batch_segments")
     assert segments == len(TEXTS)
     assert batches < len(TEXTS), "concurrent single-text requests should be batched together"
-    assert len(fake.batches) == batches and sum(len(t) for t, _ in fake.batches) == len(TEXTS)
+    return solo, jobs, metrics
+
+
+def test_concurrent_requests_share_batches_and_match_solo(fake):
+    fake.batches.clear()
+    _, _, metrics = concurrent_single_text_requests(fake)
+    batches, _ = hist(metrics, "translator_batch_segments")
+    solo_batches = len(TEXTS)  # the solo translations above were recorded too
+    recorded = fake.batches[solo_batches:]
+    assert len(recorded) == batches and sum(len(t) for t, _ in recorded) == len(TEXTS)
     steps = {s.name: s.value for m in metrics.registry.collect() for s in m.samples}
     assert steps["translator_decode_steps_total"] == batches * GREEDY.max_length  # from last_stats
 
@@ -534,20 +543,7 @@ def test_inflight_falls_back_without_per_row_positions(caplog):
 
 
 def test_real_concurrent_requests_share_batches_and_match_solo(engine):
-    solo = [r[0].text for r in (engine.translate([t], GREEDY)[0] for t in TEXTS)]
-    scheduler, metrics = make_scheduler(engine, max_wait_ms=50)
-
-    async def main():
-        return await asyncio.gather(*(scheduler.run(job(engine, [t])) for t in TEXTS))
-
-    try:
-        jobs = asyncio.run(main())
-    finally:
-        scheduler.stop(10)
-    assert [texts_of(j.results)[0] for j in jobs] == solo
-    batches, segments = hist(metrics, "translator_batch_segments")
-    assert segments == len(TEXTS)
-    assert batches < len(TEXTS), "concurrent single-text requests should be batched together"
+    concurrent_single_text_requests(engine)
 
 
 def test_real_cancel_and_deadline_drop_rows_and_queue(engine):
