@@ -168,6 +168,28 @@ def save_release(model: Transformer, release_dir: Path, tokenizer: Tokenizer, me
     (release_dir / "training.json").write_text(json.dumps(metrics, indent=2) + "\n")
 
 
+def release_metrics(
+    model: Transformer,
+    record: dict,
+    history: list[dict],
+    train_config: dict,
+    device: str,
+    hardware: str,
+    train_pairs: int | None,
+) -> dict:
+    """training.json of a release: the validation it was chosen on, the curve, settings and hardware."""
+    return {
+        "best": record,
+        "history": history,
+        "train_config": train_config,
+        "parameters": model.num_parameters(),
+        "device": device,
+        "hardware": hardware,
+        "threads": record.get("threads", torch.get_num_threads()),
+        "train_pairs": train_pairs,
+    }  # fmt: skip
+
+
 def load_release(model_dir: Path, device: str | torch.device = "cpu") -> Transformer:
     """Load a released model directory (config.json + model.safetensors) in fp32 for inference."""
     config = TransformerConfig.from_dict(json.loads((model_dir / "config.json").read_text()))
@@ -191,7 +213,7 @@ def repeat_frequent(pairs: list[tuple[str, str]], jsonl: Path) -> list[tuple[str
         counts = [len(json.loads(line).get("packages") or [None]) for line in handle]
     repeated = []
     for pair, n in zip(pairs, counts + [1] * (len(pairs) - len(counts)), strict=False):
-        repeated.extend([pair] * (1 + int(math.log2(n)) if n > 1 else 1))
+        repeated.extend([pair] * (1 + int(math.log2(n))))
     return repeated
 
 
@@ -210,16 +232,10 @@ def release_last(run_dir: Path, release_dir: Path, tokenizer: Tokenizer) -> None
             f"{run_dir / 'last.pt'} was saved between validations (step {state['step']}); "
             "release a checkpoint written by a validation"
         )
-    metrics = {
-        "best": history[-1],
-        "history": history,
-        "train_config": state["train_config"],
-        "parameters": model.num_parameters(),
-        "device": "cpu",
-        "hardware": state.get("hardware") or hardware_name(torch.device("cpu")),
-        "threads": history[-1].get("threads", torch.get_num_threads()),
-        "train_pairs": state.get("train_pairs"),
-    }
+    hardware = state.get("hardware") or hardware_name(torch.device("cpu"))
+    metrics = release_metrics(
+        model, history[-1], history, state["train_config"], "cpu", hardware, state.get("train_pairs")
+    )
     save_release(model, release_dir, tokenizer, metrics)
     print(f"released step {state['step']} of {run_dir / 'last.pt'} -> {release_dir}")
 
@@ -360,6 +376,7 @@ def main(argv: list[str] | None = None) -> None:
         file=sys.stderr,
     )
     started = time.time()
+    hardware = hardware_name(device)  # read once: checkpoints and releases record it
     deadline = started + cfg.hours * 3600 if cfg.hours else math.inf
 
     def checkpoint(train_seconds: float) -> None:
@@ -381,7 +398,7 @@ def main(argv: list[str] | None = None) -> None:
                 "train_seconds": train_seconds,
                 "train_config": vars(cfg),
                 "model_config": config.to_dict(),
-                "hardware": hardware_name(device),
+                "hardware": hardware,
                 "train_pairs": len(train),
             },
             tmp,
@@ -422,21 +439,8 @@ def main(argv: list[str] | None = None) -> None:
         improved = bleu > best_bleu
         if improved:
             best_bleu = bleu
-            save_release(
-                model,
-                args.release_dir,
-                tokenizer,
-                {
-                    "best": record,
-                    "history": history,
-                    "train_config": vars(cfg),
-                    "parameters": model.num_parameters(),
-                    "device": str(device),
-                    "hardware": hardware_name(device),
-                    "threads": torch.get_num_threads(),
-                    "train_pairs": len(train),
-                },
-            )
+            metrics = release_metrics(model, record, history, vars(cfg), str(device), hardware, len(train))
+            save_release(model, args.release_dir, tokenizer, metrics)
         checkpoint(record["train_seconds"])
         tqdm.write(
             f"step {step} epoch {epoch}: valid loss {valid_loss:.3f}, novel BLEU {bleu:.2f} chrF {chrf:.2f}, "
