@@ -387,8 +387,10 @@ def evaluate(args: argparse.Namespace) -> dict:
         runs["apertium"] = translate_apertium(inputs, args.apertium_pair, args.apertium_mode)
 
     systems, signatures = {}, {}
+    # each system's outputs for the sample, then for the common strings
+    hyps_of = {name: run.hypotheses[: len(sources)] for name, run in runs.items()}
     for name, run in runs.items():
-        hyps, common_hyps = run.hypotheses[: len(sources)], run.hypotheses[len(sources) :]
+        hyps, common_hyps = hyps_of[name], run.hypotheses[len(sources) :]
         scores = score_system(sources, references, hyps)
         novel_scores = corpus_scores([hyps[p] for p in novel], [references[p] for p in novel])
         systems[name] = {
@@ -408,7 +410,6 @@ def evaluate(args: argparse.Namespace) -> dict:
             **run.info,
         }
         signatures = {"bleu": scores["bleu_signature"], "chrf": scores["chrf_signature"]}
-        run.hypotheses = hyps
 
     groups: dict[str, list[int]] = defaultdict(list)
     for pos, i in enumerate(indices):
@@ -417,8 +418,8 @@ def evaluate(args: argparse.Namespace) -> dict:
     by_package = {}
     for package, positions in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         row: dict = {"n": len(positions)}
-        for name, run in runs.items():
-            scores = corpus_scores([run.hypotheses[p] for p in positions], [references[p] for p in positions])
+        for name, hyps in hyps_of.items():
+            scores = corpus_scores([hyps[p] for p in positions], [references[p] for p in positions])
             row[name] = {"bleu": round(scores["bleu"], 2), "chrf": round(scores["chrf"], 2)}
         by_package[package] = row
 
@@ -459,12 +460,12 @@ def evaluate(args: argparse.Namespace) -> dict:
                 "novel": novel_flags[i],
                 "source": sources[pos],
                 "reference": references[pos],
-                **{name: run.hypotheses[pos] for name, run in runs.items()},
+                **{name: hyps[pos] for name, hyps in hyps_of.items()},
             }
             for pos, i in enumerate(indices)
         ],
     }
-    print_report(report, sources, references, {name: run.hypotheses for name, run in runs.items()})
+    print_report(report, sources, references, hyps_of)
     return report
 
 
