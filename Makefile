@@ -9,7 +9,7 @@ DATA ?= data
 # The tokenizer `make train` trains with: the shipped one unless told (see `make tokenizer`).
 TOKENIZER ?= $(MODEL)/tokenizer.model
 
-.PHONY: help install system-deps run serve bundle corpus data-check tokenizer train release tune-decoding evaluate model-card bench bench-batching proto lint test clean
+.PHONY: help install system-deps run serve bundle corpus data-check tokenizer train release keep-terms tune-decoding evaluate model-card bench bench-batching proto lint test clean
 
 # Every target, one line each (tests/test_cli.py checks that none is missing).
 help:
@@ -30,6 +30,7 @@ help:
 	@echo "  make tokenizer       train a SentencePiece model into runs/tokenizer/ (the shipped one stays)"
 	@echo "  make train           train the small model into runs/en-es-small/ (TRAIN_ARGS=--resume continues)"
 	@echo "  make release         copy the run's best weights and their tokenizer into $(MODEL)/"
+	@echo "  make keep-terms      learn the do-not-translate list and source words into $(MODEL)/ (~20 s)"
 	@echo "  make tune-decoding   choose the decoding defaults of $(MODEL) on the valid split (its decoding.json)"
 	@echo "  make evaluate        score $(MODEL) on the test split against Apertium into runs/eval.json"
 	@echo "  make model-card      evaluate $(MODEL) (test, UI strings, fp32/int8) and write its MODEL_CARD.md"
@@ -61,7 +62,7 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    prometheus apertium apertium-eng-spa nginx docker-compose >/dev/null; }
 
-$(BUNDLE)/manifest.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(MODEL)/tokenizer.model $(MODEL)/decoding.json | install
+$(BUNDLE)/manifest.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(MODEL)/tokenizer.model $(MODEL)/decoding.json $(wildcard $(MODEL)/keep_terms.txt $(MODEL)/source_words.txt) | install
 	$(PY) -m export --checkpoint $(MODEL) --out $(BUNDLE)
 
 bundle: $(BUNDLE)/manifest.json
@@ -96,6 +97,10 @@ train: data-check install
 release:
 	cp runs/en-es-small/release/model.safetensors runs/en-es-small/release/config.json \
 	  runs/en-es-small/release/training.json runs/en-es-small/release/tokenizer.model $(MODEL)/
+
+# Terms the human translations copy unchanged (program and product names): the text layer keeps them.
+keep-terms: data-check install
+	$(PY) -m model.keep_terms --data $(DATA) --out $(MODEL)/keep_terms.txt
 
 # Decoding defaults, chosen on the valid split through the engine, written to $(MODEL)/decoding.json.
 tune-decoding: data-check install bundle

@@ -3,12 +3,15 @@
     python -m client "Open the file" "Save changes?"          # one translation per argument
     python -m client < input.en > output.es                    # one translation per stdin line, in order
     python -m client --info                                    # model, languages, limits, defaults
+    python -m client --glossary terms.tsv --keep Inkscape "Open the Inkscape preferences"
 
 Before the first request the CLI waits up to --wait-s seconds (default 30) for the server to be ready
 (health SERVING: a server that is starting refuses connections, then answers NOT_SERVING while it
 loads its model), saying so on stderr.
 
-Output: one line per input text. --scores: SCORE<TAB>TEXT, the score with 4 decimals. With
+Output: one line per input text. Segments the server passed through or repaired (a placeholder the model
+lost, a text it cannot translate) are reported on stderr as `note:` lines (--no-notes: silent).
+--scores: SCORE<TAB>TEXT, the score with 4 decimals. With
 --num-hypotheses N > 1: N lines per input text (best first, each SCORE<TAB>TEXT with --scores), then
 an empty line.
 
@@ -109,6 +112,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-hypotheses", type=int, default=0, help="n-best size (default: model's)")
     p.add_argument("--max-length", type=int, default=0, help="max generated tokens (default: from source)")
     p.add_argument("--length-penalty", type=float, default=None, help="GNMT alpha (default: model's)")
+    p.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=None,
+        help="penalty on repeated tokens, 1 = off (default: model's)",
+    )
+    p.add_argument(
+        "--no-repeat-ngram-size",
+        type=int,
+        default=None,
+        help="forbid repeated n-grams, 0 = off (default: model's)",
+    )
+    p.add_argument(
+        "--glossary",
+        metavar="FILE",
+        help="terms with a required translation: lines ENGLISH<TAB>SPANISH, or ENGLISH alone to keep it",
+    )
+    p.add_argument(
+        "--keep", action="append", default=[], metavar="TERM", help="keep TERM untranslated (repeatable)"
+    )
+    p.add_argument(
+        "--no-notes",
+        action="store_true",
+        help="do not report segments the server passed through or repaired (on stderr)",
+    )
     p.add_argument("--scores", action="store_true", help="print SCORE<TAB>TEXT")
     p.add_argument(
         "--batch-size",
@@ -159,6 +187,34 @@ def format_translation(t, args) -> list[str]:
     return [line(t.hypotheses[0]) if t.hypotheses else ""]
 
 
+def read_glossary(path: str, keep: list[str]) -> dict[str, str]:
+    """--glossary FILE (ENGLISH<TAB>SPANISH or ENGLISH alone per line; # comments) and --keep terms."""
+    terms: dict[str, str] = {}
+    if path:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                line = line.rstrip("\r\n")
+                if not line.strip() or line.lstrip().startswith("#"):
+                    continue
+                source, _, target = line.partition("\t")
+                terms[source.strip()] = target.strip()
+    for term in keep:
+        terms[term] = ""
+    return terms
+
+
+def format_notes(t, index: int, text: str) -> list[str]:
+    """Segments the server did not translate as the model wrote them (not the ones with nothing to
+    translate), one stderr line each."""
+    out = []
+    for n in t.notes:
+        if n.reason == "nothing to translate":
+            continue
+        what = "kept untranslated" if n.action == "passed_through" else "repaired"
+        out.append(f"note: text {index + 1}: {text[n.start : n.end]!r} {what}: {n.reason}")
+    return out
+
+
 def format_info(info) -> str:
     """GetModelInfoResponse as a few readable lines."""
     lim, d = info.limits, info.default_options
@@ -173,13 +229,14 @@ def format_info(info) -> str:
         (
             "limits",
             f"{lim.max_texts_per_request} texts and {lim.max_request_bytes} bytes per request, "
-            f"{lim.max_source_tokens} source tokens per text, beam size <= {lim.max_beam_size}, "
-            f"max length <= {lim.max_length} tokens",
+            f"{lim.max_text_chars or '?'} characters per text ({lim.max_source_tokens} source tokens "
+            f"per segment), beam size <= {lim.max_beam_size}, max length <= {lim.max_length} tokens",
         ),
         (
             "defaults",
             f"beam size {d.beam_size}, n-best {d.num_hypotheses}, length penalty {penalty}, "
-            f"max length {max_length}",
+            f"max length {max_length}, repetition penalty {d.repetition_penalty:g}, "
+            f"no-repeat n-gram {d.no_repeat_ngram_size or 'off'}",
         ),
     ]
     return "\n".join(f"{k + ':':<11}{v}" for k, v in rows)
@@ -208,8 +265,11 @@ def main(argv: list[str] | None = None) -> int:
         max_length=args.max_length,
         length_penalty=args.length_penalty,
         return_scores=args.scores,
+        repetition_penalty=args.repetition_penalty,
+        no_repeat_ngram_size=args.no_repeat_ngram_size,
     )
     try:
+        glossary = read_glossary(args.glossary, args.keep)
         texts: list[str] = []
         from_stdin = not args.texts and not args.info
         if args.texts:
@@ -242,16 +302,21 @@ def main(argv: list[str] | None = None) -> int:
             progress = tqdm(total=len(texts), unit="line", file=sys.stderr, disable=None)
 
         def run(batch: list[str]):
-            result = client.translate(batch, **options)
+            result = client.translate(batch, glossary=glossary, **options)
             if progress is not None:
                 progress.update(len(batch))
             return result
 
         out = sys.stdout
+        index = 0
         with ThreadPoolExecutor(max_workers=min(args.parallel, len(batches))) as pool:
             for translations in pool.map(run, batches):  # in order
                 for t in translations:
                     out.write("\n".join(format_translation(t, args)) + "\n")
+                    if not args.no_notes:
+                        for note in format_notes(t, index, texts[index]):
+                            print(note, file=sys.stderr)
+                    index += 1
                 out.flush()
         if progress is not None:
             progress.close()

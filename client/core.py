@@ -16,7 +16,7 @@ import random
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,8 +41,19 @@ class Hypothesis:
 
 
 @dataclass
+class SegmentNote:
+    """A segment the server's text layer passed through or repaired (see docs/service.md)."""
+
+    action: str  # "passed_through" | "repaired"
+    start: int  # [start, end) in the source text
+    end: int
+    reason: str
+
+
+@dataclass
 class Translation:
     hypotheses: list[Hypothesis]
+    notes: list[SegmentNote] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -62,6 +73,9 @@ class StreamItem:
     length_penalty: float | None = None
     return_scores: bool = False
     timeout_ms: int = 0
+    repetition_penalty: float | None = None
+    no_repeat_ngram_size: int | None = None
+    glossary: Mapping[str, str] | None = None
 
 
 @dataclass
@@ -249,6 +263,8 @@ def decoding_options(
     max_length: int = 0,
     length_penalty: float | None = None,
     return_scores: bool = False,
+    repetition_penalty: float | None = None,
+    no_repeat_ngram_size: int | None = None,
 ) -> pb.DecodingOptions:
     """Protobuf options; 0 / None = the model's default."""
     opts = pb.DecodingOptions(
@@ -256,12 +272,39 @@ def decoding_options(
     )
     if length_penalty is not None:
         opts.length_penalty = length_penalty
+    if repetition_penalty is not None:
+        opts.repetition_penalty = repetition_penalty
+    if no_repeat_ngram_size is not None:
+        opts.no_repeat_ngram_size = no_repeat_ngram_size
     return opts
+
+
+def translate_request(
+    texts: Sequence[str], glossary: Mapping[str, str] | None = None, **options
+) -> pb.TranslateRequest:
+    """A TranslateRequest; `options` are decoding_options()'s keywords."""
+    return pb.TranslateRequest(
+        texts=list(texts), options=decoding_options(**options), glossary=glossary_entries(glossary)
+    )
+
+
+def glossary_entries(glossary: Mapping[str, str] | None) -> list[pb.GlossaryEntry]:
+    """{English term: required Spanish, or "" to keep the term} -> protobuf entries."""
+    return [pb.GlossaryEntry(source=k, target=v) for k, v in (glossary or {}).items()]
+
+
+_NOTE_ACTIONS = {
+    pb.SegmentNote.ACTION_PASSED_THROUGH: "passed_through",
+    pb.SegmentNote.ACTION_REPAIRED: "repaired",
+}
 
 
 def _translations(msgs: Iterable[pb.Translation]) -> list[Translation]:
     return [
-        Translation([Hypothesis(h.text, h.score if h.HasField("score") else None) for h in t.hypotheses])
+        Translation(
+            [Hypothesis(h.text, h.score if h.HasField("score") else None) for h in t.hypotheses],
+            [SegmentNote(_NOTE_ACTIONS.get(n.action, "unknown"), n.start, n.end, n.reason) for n in t.notes],
+        )
         for t in msgs
     ]
 
@@ -272,8 +315,15 @@ def _stream_request(item: StreamItem) -> pb.TranslateStreamRequest:
         texts=list(item.texts),
         timeout_ms=item.timeout_ms,
         options=decoding_options(
-            item.beam_size, item.num_hypotheses, item.max_length, item.length_penalty, item.return_scores
+            item.beam_size,
+            item.num_hypotheses,
+            item.max_length,
+            item.length_penalty,
+            item.return_scores,
+            item.repetition_penalty,
+            item.no_repeat_ngram_size,
         ),
+        glossary=glossary_entries(item.glossary),
     )
 
 
@@ -433,12 +483,16 @@ class TranslatorClient(_Base):
         length_penalty: float | None = None,
         return_scores: bool = False,
         timeout: float | None = None,
+        repetition_penalty: float | None = None,
+        no_repeat_ngram_size: int | None = None,
+        glossary: Mapping[str, str] | None = None,
     ) -> list[Translation]:
-        """One Translation per text, in order; options left at 0/None take the model's defaults."""
-        request = pb.TranslateRequest(
-            texts=list(texts),
-            options=decoding_options(beam_size, num_hypotheses, max_length, length_penalty, return_scores),
-        )
+        """One Translation per text, in order; options left at 0/None take the model's defaults.
+        glossary: {English term: required Spanish translation, or "" to keep the term as it is}."""
+        options = dict(beam_size=beam_size, num_hypotheses=num_hypotheses, max_length=max_length)
+        options |= dict(length_penalty=length_penalty, return_scores=return_scores)
+        options |= dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
+        request = translate_request(texts, glossary, **options)
         return _translations(self._call(self.stub.Translate, request, timeout).translations)
 
     def translate_text(self, text: str, **kwargs) -> str:
@@ -572,11 +626,15 @@ class AsyncTranslatorClient(_Base):
         length_penalty: float | None = None,
         return_scores: bool = False,
         timeout: float | None = None,
+        repetition_penalty: float | None = None,
+        no_repeat_ngram_size: int | None = None,
+        glossary: Mapping[str, str] | None = None,
     ) -> list[Translation]:
-        request = pb.TranslateRequest(
-            texts=list(texts),
-            options=decoding_options(beam_size, num_hypotheses, max_length, length_penalty, return_scores),
-        )
+        """As TranslatorClient.translate."""
+        options = dict(beam_size=beam_size, num_hypotheses=num_hypotheses, max_length=max_length)
+        options |= dict(length_penalty=length_penalty, return_scores=return_scores)
+        options |= dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
+        request = translate_request(texts, glossary, **options)
         return _translations((await self._call(self.stub.Translate, request, timeout)).translations)
 
     async def translate_text(self, text: str, **kwargs) -> str:

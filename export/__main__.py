@@ -39,6 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-hypotheses", type=int, default=None, help="default n-best size (1)")
     parser.add_argument("--length-penalty", type=float, default=None, help="default GNMT alpha (0.6)")
     parser.add_argument(
+        "--repetition-penalty", type=float, default=None, help="default repetition penalty (1 = off)"
+    )
+    parser.add_argument(
+        "--no-repeat-ngram-size", type=int, default=None, help="default no-repeat n-gram size (0 = off)"
+    )
+    parser.add_argument(
         "--optimize", action="store_true", help="apply onnxruntime.transformers optimizer (fp32)"
     )
     parser.add_argument(
@@ -51,7 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parity-sentences", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1, help="ORT threads for the parity runs")
     args = parser.parse_args(argv)
-    decoding = {"beam_size": 4, "num_hypotheses": 1, "length_penalty": 0.6}
+    decoding = {
+        "beam_size": 4,
+        "num_hypotheses": 1,
+        "length_penalty": 0.6,
+        "repetition_penalty": 1.0,
+        "no_repeat_ngram_size": 0,
+    }
     decoding_file = args.checkpoint / "decoding.json"
     if decoding_file.exists():
         decoding.update(json.loads(decoding_file.read_text()).get("defaults", {}))
@@ -74,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             beam_size=args.beam_size,
             num_hypotheses=args.num_hypotheses,
             length_penalty=args.length_penalty,
+            repetition_penalty=args.repetition_penalty,
+            no_repeat_ngram_size=args.no_repeat_ngram_size,
             optimize=args.optimize,
             int8_block_size=args.int8_block_size,
             data_dir=args.data,

@@ -34,6 +34,8 @@ from runtime.bundle import (
 )
 
 VARIANTS = ("fp32", "int8", "fp16")
+SOURCE_WORDS = "source_words.txt"  # the training sources' words (model/keep_terms.py), likewise
+KEEP_TERMS = "keep_terms.txt"  # the do-not-translate list (model/keep_terms.py), copied when the model has it
 FP32_TOLERANCE = 1e-4
 
 FALLBACK_SENTENCES = [
@@ -93,6 +95,8 @@ def export_bundle(
     beam_size: int = 4,
     num_hypotheses: int = 1,
     length_penalty: float = 0.6,
+    repetition_penalty: float = 1.0,
+    no_repeat_ngram_size: int = 0,
     optimize: bool = False,
     int8_block_size: int = precision.INT8_BLOCK_SIZE,
     data_dir: Path | None = None,
@@ -142,6 +146,10 @@ def export_bundle(
             model, tokenizer, checkpoint, stage, variants, optimize, int8_block_size, data_dir,
             parity_sentences, threads, max_source_tokens,
         )  # fmt: skip
+        for key, file in (("keep_terms", KEEP_TERMS), ("source_words", SOURCE_WORDS)):
+            if (checkpoint / file).is_file():  # listed under "files" (sha256) like every file of the stage
+                shutil.copyfile(checkpoint / file, stage / file)
+                manifest[key] = file
         manifest = {
             "format_version": FORMAT_VERSION,
             "name": name,
@@ -167,6 +175,8 @@ def export_bundle(
                 "beam_size": beam_size,
                 "num_hypotheses": num_hypotheses,
                 "length_penalty": length_penalty,
+                "repetition_penalty": repetition_penalty,
+                "no_repeat_ngram_size": no_repeat_ngram_size,
                 "max_length_ratio": 1.5,
                 "max_length_extra": 10,
             },

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 MAX_LENGTH_RATIO = 1.5
 MAX_LENGTH_EXTRA = 10
 MAX_LENGTH_CAP = 256
+MAX_NO_REPEAT_NGRAM_SIZE = 16
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,8 @@ class DecodingOptions:
     num_hypotheses: int = 1  # n-best size, <= beam_size
     max_length: int = 0  # 0 = derived from the source length: min(cap, int(1.5 * src_len) + 10)
     length_penalty: float = 0.6  # GNMT alpha: score = sum logprob / ((5 + len) / 6) ** alpha
+    repetition_penalty: float = 1.0  # 1.0 = off; > 1: log-prob * penalty for tokens the hypothesis has
+    no_repeat_ngram_size: int = 0  # 0 = off; n >= 1: no n-gram of target ids occurs twice in a hypothesis
 
 
 class InvalidOptionsError(ValueError):
@@ -49,12 +52,15 @@ def resolve_options(
     num_hypotheses: int = 0,
     max_length: int = 0,
     length_penalty: float | None = None,
+    repetition_penalty: float | None = None,
+    no_repeat_ngram_size: int | None = None,
 ) -> DecodingOptions:
     """Requested options (0 / None = the model's default) -> complete options, or InvalidOptionsError.
 
     The n-best default is clipped to the beam (a greedy request with a model default of 2 hypotheses gets
-    one); an explicit n-best above the beam is an error. length_penalty is rounded to 6 decimals: float32
-    on the wire turns 0.6 into 0.60000002.
+    one); an explicit n-best above the beam is an error. length_penalty and repetition_penalty are
+    rounded to 6 decimals: float32 on the wire turns 0.6 into 0.60000002. The decoding guards
+    (repetition_penalty, no_repeat_ngram_size: None = the model's default) are CTranslate2's options.
     """
     if beam_size < 0:
         raise InvalidOptionsError(
@@ -93,7 +99,41 @@ def resolve_options(
         num_hypotheses=n_best,
         max_length=max_length or defaults.max_length,
         length_penalty=alpha,
+        repetition_penalty=_repetition_penalty(
+            defaults.repetition_penalty if repetition_penalty is None else repetition_penalty
+        ),
+        no_repeat_ngram_size=_no_repeat_ngram_size(
+            defaults.no_repeat_ngram_size if no_repeat_ngram_size is None else no_repeat_ngram_size
+        ),
     )
+
+
+def _repetition_penalty(value: float) -> float:
+    penalty = float(value)
+    if not math.isfinite(penalty) or penalty < 1.0:
+        raise InvalidOptionsError(
+            f"options.repetition_penalty must be a finite number >= 1.0 (1.0 = off, e.g. 1.2 to "
+            f"discourage repeated tokens), got {penalty}"
+        )
+    return round(penalty, 6)
+
+
+def _no_repeat_ngram_size(value: int) -> int:
+    try:
+        integral = not isinstance(value, bool) and float(value).is_integer()
+    except (TypeError, ValueError):
+        integral = False
+    if not integral:
+        raise InvalidOptionsError(
+            f"options.no_repeat_ngram_size must be a whole number (0 = off), got {value!r}"
+        )
+    size = int(value)
+    if not 0 <= size <= MAX_NO_REPEAT_NGRAM_SIZE:
+        raise InvalidOptionsError(
+            f"options.no_repeat_ngram_size must be between 0 (off) and {MAX_NO_REPEAT_NGRAM_SIZE} "
+            f"(e.g. 3 forbids any 3 tokens from repeating), got {size}"
+        )
+    return size
 
 
 def check_options(options: DecodingOptions, *, max_beam_size: int, max_length_cap: int) -> None:
@@ -111,4 +151,6 @@ def check_options(options: DecodingOptions, *, max_beam_size: int, max_length_ca
         num_hypotheses=options.num_hypotheses,
         max_length=options.max_length,
         length_penalty=options.length_penalty,
+        repetition_penalty=options.repetition_penalty,
+        no_repeat_ngram_size=options.no_repeat_ngram_size,
     )

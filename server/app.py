@@ -117,6 +117,7 @@ class TranslatorServer:
             max_texts=config.max_texts,
             max_message_bytes=config.max_message_bytes,
             max_stream_inflight=config.max_stream_inflight,
+            max_queue_segments=config.max_queue_segments,
         )
         self.health = health.aio.HealthServicer()
         self.server: grpc.aio.Server | None = None

@@ -9,7 +9,7 @@ them from one place. Prose and the bit-identity rules: docs/engine-contract.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -25,6 +25,8 @@ __all__ = [
     "InFlightBatch",
     "InputTooLongError",
     "InvalidOptionsError",
+    "Prepared",
+    "SegmentNote",
     "TranslationEngine",
 ]
 
@@ -33,11 +35,33 @@ class InputTooLongError(ValueError):
     """A segment is over max_source_tokens; the message names it. Split long text before translating."""
 
 
+@dataclass(frozen=True)
+class SegmentNote:
+    """A segment of a text that the text layer passed through or repaired (proto SegmentNote)."""
+
+    action: str  # "passed_through" | "repaired"
+    start: int  # [start, end) of the segment in the source text
+    end: int
+    reason: str
+
+
 @dataclass
 class Hypothesis:
     text: str  # detokenized, with the source's leading/trailing whitespace restored
     score: float  # length-normalised log-probability (0.0 for pass-through segments)
     tokens: list[int]  # target ids without BOS/EOS
+    notes: tuple[SegmentNote, ...] = ()  # text layer: segments passed through or repaired
+
+
+@dataclass
+class Prepared:
+    """Texts after the engine's text layer, before decoding: the segments the scheduler batches and
+    decodes with `options`; `plan` (the engine's own, opaque) rebuilds the texts in `finish`."""
+
+    segments: list[str]
+    token_counts: list[int]
+    options: DecodingOptions
+    plan: Any
 
 
 @dataclass
@@ -127,6 +151,19 @@ class TranslationEngine(Protocol):
     def max_output_length(self, src_len: int, options: DecodingOptions) -> int: ...
 
     def warmup(self) -> None: ...
+
+    def prepare(
+        self, texts: Sequence[str], options: DecodingOptions, glossary: Mapping[str, str] | None = None
+    ) -> Prepared:
+        """The text layer before decoding: segments to translate; InputTooLongError for an over-long
+        text, ValueError for a bad glossary."""
+        ...
+
+    def finish(
+        self, prepared: Prepared, results: Sequence[list[Hypothesis] | None]
+    ) -> list[list[Hypothesis]]:
+        """The text layer after decoding: one n-best list per text from the segments' n-best lists."""
+        ...
 
     def translate(
         self,

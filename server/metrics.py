@@ -111,6 +111,15 @@ class Metrics:
         self.segments = Counter(
             "translator_segments", "Segments leaving the scheduler, by outcome.", ["outcome"], registry=r
         )
+        self.text_segments = Counter(
+            "translator_text_segments",
+            "Segments the text layer did not return as the model wrote them, by action "
+            "(passed_through: kept untranslated; repaired: another hypothesis or a span put back).",
+            ["action"],
+            registry=r,
+        )
+        for action in ("passed_through", "repaired"):
+            self.text_segments.labels(action=action)
         self.in_flight = Gauge(
             "translator_requests_in_flight",
             "Translate calls and TranslateStream items being served.",

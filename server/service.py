@@ -19,6 +19,8 @@ import grpc
 from proto.gen.translator.v1 import translator_pb2 as pb
 from proto.gen.translator.v1 import translator_pb2_grpc as pb_grpc
 from runtime import decoding
+from runtime.faithful.segment import MAX_TEXT_CHARS
+from runtime.faithful.spans import MAX_GLOSSARY_ENTRIES, InvalidGlossaryError, make_glossary
 from server.contract import DecodingOptions, Hypothesis, InvalidOptionsError, TranslationEngine
 from server.metrics import Metrics
 from server.scheduler import (
@@ -78,14 +80,18 @@ def resolve_options(opts: pb.DecodingOptions, engine: TranslationEngine) -> tupl
             num_hypotheses=opts.num_hypotheses,
             max_length=opts.max_length,
             length_penalty=opts.length_penalty if opts.HasField("length_penalty") else None,
+            repetition_penalty=opts.repetition_penalty if opts.HasField("repetition_penalty") else None,
+            no_repeat_ngram_size=(
+                opts.no_repeat_ngram_size if opts.HasField("no_repeat_ngram_size") else None
+            ),
         )
     except InvalidOptionsError as e:
         raise invalid(str(e)) from e
     return options, bool(opts.return_scores)
 
 
-def validate_texts(texts: Sequence[str], engine: TranslationEngine, max_texts: int) -> list[int]:
-    """Check the text count and each segment's length; return token counts."""
+def validate_texts(texts: Sequence[str], max_texts: int) -> None:
+    """Check the text count (lengths are the text layer's: Engine.prepare)."""
     if not texts:
         raise invalid("texts is empty: send at least one text to translate")
     if len(texts) > max_texts:
@@ -93,28 +99,34 @@ def validate_texts(texts: Sequence[str], engine: TranslationEngine, max_texts: i
             f"too many texts: {len(texts)} in one request, the limit is {max_texts}; "
             "split them over several requests"
         )
-    counts = engine.count_tokens(list(texts))
-    limit = engine.max_source_tokens
-    for i, n in enumerate(counts):
-        if n > limit:
-            raise invalid(
-                f"texts[{i}] is {n} tokens long, the limit is {limit} tokens per segment; "
-                "split it into shorter segments (e.g. sentences)"
-            )
-    return counts
 
 
-def to_translations(results: Sequence[list[Hypothesis] | None], return_scores: bool) -> list[pb.Translation]:
-    """A finished job's n-best lists (every segment answered) -> protobuf translations."""
+def glossary_of(entries: Sequence[pb.GlossaryEntry]) -> dict[str, str]:
+    """Proto glossary -> {term: target or "" (keep)}, validated by runtime.faithful.spans.make_glossary."""
+    try:
+        return make_glossary([(e.source, e.target) for e in entries])
+    except InvalidGlossaryError as e:
+        raise invalid(str(e)) from e
+
+
+_ACTIONS = {
+    "passed_through": pb.SegmentNote.ACTION_PASSED_THROUGH,
+    "repaired": pb.SegmentNote.ACTION_REPAIRED,
+}
+
+
+def to_translations(results: Sequence[list[Hypothesis]], return_scores: bool) -> list[pb.Translation]:
+    """The texts' n-best lists (after the text layer) -> protobuf translations."""
     out = []
     for hyps in results:
-        assert hyps is not None, "a finished job has an n-best list for every segment"
         t = pb.Translation()
         for h in hyps:
             if return_scores:
                 t.hypotheses.add(text=h.text, score=float(h.score))
             else:
                 t.hypotheses.add(text=h.text)
+        for n in hyps[0].notes if hyps else ():
+            t.notes.add(action=_ACTIONS[n.action], start=n.start, end=n.end, reason=n.reason)
         out.append(t)
     return out
 
@@ -125,6 +137,8 @@ def options_to_proto(options: DecodingOptions) -> pb.DecodingOptions:
         num_hypotheses=options.num_hypotheses,
         max_length=options.max_length,
         length_penalty=options.length_penalty,
+        repetition_penalty=options.repetition_penalty,
+        no_repeat_ngram_size=options.no_repeat_ngram_size,
     )
 
 
@@ -163,10 +177,17 @@ def _cancel_code(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
 
 class TranslatorService(pb_grpc.TranslatorServicer):
     def __init__(
-        self, metrics: Metrics, *, max_texts: int, max_message_bytes: int, max_stream_inflight: int
+        self,
+        metrics: Metrics,
+        *,
+        max_texts: int,
+        max_message_bytes: int,
+        max_stream_inflight: int,
+        max_queue_segments: int = 1024,
     ) -> None:
         self.metrics = metrics
         self.max_texts = max_texts
+        self.max_queue_segments = max_queue_segments
         self.max_message_bytes = max_message_bytes
         self.max_stream_inflight = max_stream_inflight
         self.backend: Backend | None = None
@@ -181,17 +202,36 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         self,
         texts: Sequence[str],
         options: pb.DecodingOptions,
+        glossary: Sequence[pb.GlossaryEntry],
         deadline: float | None,
         request_id: str,
         stats: dict,
     ) -> list[pb.Translation]:
-        """Validate, run through the scheduler, convert; raises RpcFailure."""
+        """Validate, run the text layer and the scheduler, convert; raises RpcFailure."""
         backend = self._backend()
-        stats["segments"] = len(texts)
-        token_counts = validate_texts(texts, backend.engine, self.max_texts)
-        engine_options, return_scores = resolve_options(options, backend.engine)
-        stats["input_tokens"] = sum(token_counts)
-        job = Job(list(texts), token_counts, engine_options, deadline=deadline, request_id=request_id)
+        engine = backend.engine
+        validate_texts(texts, self.max_texts)
+        engine_options, return_scores = resolve_options(options, engine)
+        terms = glossary_of(glossary)
+        try:
+            prepared = engine.prepare(list(texts), engine_options, terms)
+        except ValueError as e:  # InputTooLongError: a text over max_text_chars
+            raise invalid(str(e)) from None
+        stats["texts"] = len(texts)
+        stats["segments"] = len(prepared.segments)
+        stats["input_tokens"] = sum(prepared.token_counts)
+        if len(prepared.segments) > self.max_queue_segments:
+            raise invalid(
+                f"these texts make {len(prepared.segments)} segments, more than the queue holds "
+                f"({self.max_queue_segments}); send them over several requests"
+            )
+        job = Job(
+            prepared.segments,
+            prepared.token_counts,
+            prepared.options,
+            deadline=deadline,
+            request_id=request_id,
+        )
         try:
             await backend.scheduler.run(job)
         except QueueFullError as e:
@@ -211,7 +251,11 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             stats["queue_ms"] = round(job.queue_s * 1000, 2)
             stats["decode_ms"] = round(job.decode_s * 1000, 2)
         stats["output_tokens"] = job.output_tokens
-        return to_translations(job.results, return_scores)
+        results = engine.finish(prepared, job.results)
+        for hyps in results:
+            for note in hyps[0].notes:
+                self.metrics.text_segments.labels(action=note.action).inc()
+        return to_translations(results, return_scores)
 
     def _record(
         self,
@@ -243,7 +287,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         self.metrics.in_flight.inc()
         try:
             translations = await self._translate(
-                request.texts, request.options, _deadline(context), request_id, stats
+                request.texts, request.options, request.glossary, _deadline(context), request_id, stats
             )
         except RpcFailure as f:
             self.metrics.in_flight.dec()
@@ -277,7 +321,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             if failure is not None:
                 raise failure
             translations = await self._translate(
-                req.texts, req.options, _deadline(context, req.timeout_ms), item_id, stats
+                req.texts, req.options, req.glossary, _deadline(context, req.timeout_ms), item_id, stats
             )
         except RpcFailure as f:
             self._record("TranslateStream", item_id, f.code, start, stats, f.message, item=True)
@@ -393,6 +437,8 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                 max_beam_size=e.max_beam_size,
                 max_length=e.max_length_cap,
                 max_request_bytes=self.max_message_bytes,
+                max_text_chars=MAX_TEXT_CHARS,
+                max_glossary_entries=MAX_GLOSSARY_ENTRIES,
             ),
             default_options=options_to_proto(e.default_options),
             execution_providers=list(e.providers),

@@ -41,9 +41,16 @@ def is_checkpoint(path: Path) -> bool:
     return all((path / name).is_file() for name in CHECKPOINT_FILES)
 
 
+# Checkpoint files a bundle is exported from: a newer one makes the bundle stale.
+EXPORTED_FROM = ("model.safetensors", "decoding.json", "keep_terms.txt", "source_words.txt")
+
+
 def bundle_is_stale(bundle: Path, checkpoint: Path) -> bool:
-    """True when the checkpoint's weights are newer than the bundle's manifest."""
-    return (bundle / MANIFEST).stat().st_mtime < (checkpoint / "model.safetensors").stat().st_mtime
+    """True when the checkpoint's weights, decoding defaults or do-not-translate list are newer than the
+    bundle's manifest."""
+    built = (bundle / MANIFEST).stat().st_mtime
+    sources = [checkpoint / name for name in EXPORTED_FROM]
+    return any(p.is_file() and p.stat().st_mtime > built for p in sources)
 
 
 def _shown(path: Path) -> str:

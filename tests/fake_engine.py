@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 import zlib
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ from server.contract import (
     Finished,
     Hypothesis,
     InputTooLongError,
+    Prepared,
 )
 
 
@@ -110,6 +111,21 @@ class FakeEngine:
 
     def warmup(self) -> None:
         self.translate(["Hello world."], self.default_options)
+
+    def prepare(
+        self, texts: Sequence[str], options: DecodingOptions, glossary: Mapping[str, str] | None = None
+    ) -> Prepared:
+        """No text layer: each text is one segment, refused when over max_source_tokens."""
+        counts = self.count_tokens(list(texts))
+        for i, n in enumerate(counts):
+            if error := self.too_long(n, f"texts[{i}]"):
+                raise error
+        return Prepared(list(texts), counts, options, None)
+
+    def finish(
+        self, prepared: Prepared, results: Sequence[list[Hypothesis] | None]
+    ) -> list[list[Hypothesis]]:
+        return [list(r or []) for r in results]
 
     def translate(
         self,

@@ -81,6 +81,10 @@ def test_cli_info(tiny_server):
     assert all(k in rows["defaults"] for k in ("beam size ", "n-best ", "length penalty ", "max length "))
 
 
+# 16 distinct texts: a request decodes a repeated text once.
+DISTINCT_NOUNS = "file folder page image table chart note list map song video book menu tab form card".split()
+
+
 def test_cli_exit_codes(tiny_server, start_server, tiny_bundle):
     down = cli("--target", f"127.0.0.1:{free_port()}", "--wait-s", "0.5", "hello")
     assert down.returncode == 3 and "not ready within 0.5 s" in down.stderr
@@ -99,7 +103,7 @@ def test_cli_exit_codes(tiny_server, start_server, tiny_bundle):
         "16",
         "--timeout",
         "0.3",
-        stdin="\n".join(["Open the file and save it"] * 16),
+        stdin="\n".join(f"Open the {w} and save it" for w in DISTINCT_NOUNS),
     )
     assert slow.returncode == 5 and "deadline" in slow.stderr
     secured = start_server(tiny_bundle, auth_token="abc")

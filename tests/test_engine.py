@@ -196,9 +196,18 @@ def vocab5(tmp_path_factory: pytest.TempPathFactory):
     return model, gen
 
 
-def brute_force(model, src: list[int], max_len: int, alpha: float) -> list[tuple[list[int], float]]:
+def repeats(seq: list[int], n: int) -> bool:
+    """Whether some n-gram occurs twice in seq."""
+    grams = [tuple(seq[i : i + n]) for i in range(len(seq) - n + 1)]
+    return len(grams) != len(set(grams))
+
+
+def brute_force(
+    model, src: list[int], max_len: int, alpha: float, penalty: float = 1.0, ngram: int = 0
+) -> list[tuple[list[int], float]]:
     """Every hypothesis beam search can produce (EOS-terminated up to max_len, or max_len tokens without
-    EOS), scored by a full teacher-forced pass, best first."""
+    EOS), scored by a full teacher-forced pass, best first. With the decoding guards: log-prob * penalty
+    for tokens already in the prefix, hypotheses repeating an n-gram left out."""
     cfg = model.config
     others = [v for v in range(cfg.vocab_size) if v != cfg.eos_id]
     hyps = [(list(p), True) for n in range(max_len) for p in itertools.product(others, repeat=n)]
@@ -207,12 +216,21 @@ def brute_force(model, src: list[int], max_len: int, alpha: float) -> list[tuple
     with torch.no_grad():
         memory, pad_mask = model.encode(torch.tensor([src]))
         for prefix, eos in hyps:
+            if ngram and repeats(prefix, ngram):
+                continue
             target = prefix + [cfg.eos_id] if eos else prefix
             tgt_in = torch.tensor([[cfg.bos_id] + target[:-1]]) if target else None
             total = 0.0
             if target:
                 lp = F.log_softmax(model.decode(tgt_in, memory, pad_mask)[0].float(), dim=-1)
-                total = float(lp[torch.arange(len(target)), torch.tensor(target)].sum())
+                if penalty == 1.0:
+                    total = float(lp[torch.arange(len(target)), torch.tensor(target)].sum())
+                else:
+                    steps = [float(lp[i, tok]) for i, tok in enumerate(target)]
+                    total = sum(
+                        x * penalty if tok in target[:i] else x
+                        for i, (tok, x) in enumerate(zip(target, steps, strict=True))
+                    )
             scored.append((prefix, total / gnmt_length_penalty(len(target), alpha)))
     return sorted(scored, key=lambda h: -h[1])
 

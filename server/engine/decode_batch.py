@@ -1,5 +1,6 @@
 """In-flight (continuous) batching at the id level: DecodeBatch, which sentences join and leave at
-decoding-step boundaries, each with its own step index, beam size, n-best, length budget and alpha.
+decoding-step boundaries, each with its own step index, beam size, n-best, length budget, alpha and
+decoding guards (repetition_penalty, no_repeat_ngram_size).
 
 It owns the batch's membership and search state (per-sentence metadata, beam histories, next tokens and
 scores) and decides every step with search.py's rules, so every sentence's result is the one
@@ -18,12 +19,15 @@ import numpy as np
 
 from runtime.bundle import BundleError
 from runtime.decoding import gnmt_length_penalty
-from server.engine.generator import Generator
+from server.engine.generator import Generator, check_guards
 from server.engine.rows import DeviceRows, HostRows, grow, time_slots
 from server.engine.search import (
     NBest,
+    apply_guards,
     beam_endings,
     greedy_endings,
+    guard_pairs,
+    guarded_candidates,
     select_candidates,
     select_greedy,
     settled,
@@ -42,6 +46,8 @@ class DecodeItem:
     num_hypotheses: int = 1
     length_penalty: float = 0.6
     max_length: int = 256
+    repetition_penalty: float = 1.0  # 1 = off
+    no_repeat_ngram_size: int = 0  # 0 = off
 
 
 class DecodeBatch:
@@ -79,6 +85,11 @@ class DecodeBatch:
     leave (every row attends over all of it, masked); likewise the source axis.
 
     Mixed beam sizes pay for dead rows (a beam-2 sentence next to beam 4 costs 4 rows).
+
+    Decoding guards are per sentence: the batch asks the graph for the unguarded count of candidates
+    plus the most any sentence's guards may lower, each sentence's own guards re-rank its own
+    candidates, and every row is cut back to the unguarded count (search.apply_guards: exact, so a
+    sentence without guards gets exactly the candidates it would get without them).
     """
 
     def __init__(self, gen: Generator) -> None:
@@ -141,6 +152,7 @@ class DecodeBatch:
         self.beam, self.n_best, self.lim = self.beam[perm], self.n_best[perm], self.lim[perm]
         self.t, self.n_fin = self.t[perm], self.n_fin[perm]
         self.src_lens, self.alpha = self.src_lens[perm], self.alpha[perm]
+        self.penalty, self.ngram = self.penalty[perm], self.ngram[perm]
 
     def _shrink_source(self) -> None:
         """Trim the source axis when the widest sentences have left (two buckets of hysteresis)."""
@@ -156,9 +168,10 @@ class DecodeBatch:
         self._finished: list[NBest] = []
         self.kc = 1  # rows per sentence: the largest running beam
         z = np.zeros(0, dtype=np.int64)
-        # Per sentence (n,): beam size, n-best, length limit, step, finished count, source length, alpha.
+        # Per sentence (n,): beam size, n-best, length limit, step, finished count, source length, alpha,
+        # repetition penalty, no-repeat n-gram size.
         self.beam, self.n_best, self.lim, self.t, self.n_fin, self.src_lens = z, z, z, z, z, z
-        self.alpha = np.zeros(0)
+        self.alpha, self.penalty, self.ngram = np.zeros(0), np.ones(0), z
         self.tokens = np.zeros((0, 1), dtype=np.int64)  # (n * Kc, 1) next input token per row
         self.scores = np.zeros((0, 1), dtype=np.float32)  # (n, Kc) beam scores
         self._store.clear()
@@ -203,6 +216,7 @@ class DecodeBatch:
             k = int(it.beam_size)
             if k < 1 or not 1 <= it.num_hypotheses <= k:
                 raise ValueError(f"need beam_size >= 1 and 1 <= num_hypotheses <= beam_size, got {it}")
+            check_guards(it.repetition_penalty, it.no_repeat_ngram_size)
             if it.max_length <= 0:
                 done_now.append((it.key, [([], 0.0)]))
             else:
@@ -259,6 +273,8 @@ class DecodeBatch:
         self.n_fin = cat([self.n_fin, np.zeros(k_new, dtype=np.int64)])
         self.src_lens = cat([self.src_lens, lens])
         self.alpha = cat([self.alpha, [float(it.length_penalty) for it in new]])
+        self.penalty = cat([self.penalty, [float(it.repetition_penalty) for it in new]])
+        self.ngram = cat([self.ngram, [int(it.no_repeat_ngram_size) for it in new]]).astype(np.int64)
         scores = np.full((n, kc), -np.inf, dtype=np.float32)
         tokens = np.full((n, kc), g.pad_id, dtype=np.int64)
         if n_old:
@@ -297,16 +313,20 @@ class DecodeBatch:
         g = self.g
         V, eos, kc = g.vocab_size, g.eos_id, self.kc
         greedy = kc == 1
+        n_cand = 1 if greedy else min(2 * kc, kc * V)
         bias, cross = self._store.sources(n)
+        t0 = time.perf_counter()
+        guards = guard_pairs(self._hist[:n], self.t, np.isfinite(self.scores), self.penalty, self.ngram, V)
         feed = {
             "input_ids": self.tokens,
             "position": self.t if greedy else np.repeat(self.t, kc),
             "src_bias": bias,
             "beam_scores": self.scores,
-            "num_candidates": np.array([1 if greedy else min(2 * kc, kc * V)], dtype=np.int64),
+            "num_candidates": np.array([guarded_candidates(n_cand, guards)], dtype=np.int64),
         }
-        t0 = time.perf_counter()
         top_s, top_i, new_kv = self._store.step(feed, cross, self.past)
+        if guards is not None:  # each sentence's own guards, cut back to n_cand: the rules are unchanged
+            top_s, top_i = apply_guards(top_s, top_i, self.scores, guards, self.penalty, n_cand)
         self.steps += 1
         at_limit = self.lim <= self.t + 1
         fin, hist, t_all = self._finished, self._hist, self.t.tolist()

@@ -14,11 +14,14 @@ Decoding reproduces model/decode.py token for token (see `beam_search` there for
 * The decoder graph reads the self-attention cache without concatenating it and returns only the new
   step's K/V; where the cache lives between steps is the cache back-end's business (cache.py).
 
-The step's selection rules are search.py's; the sessions and graph interface are sessions.py's.
+The step's selection rules are search.py's; the sessions and graph interface are sessions.py's. The
+decoding guards (repetition_penalty, no_repeat_ngram_size) ask the graph for more candidates and re-rank
+them on the host (search.apply_guards, exact); with both off the step is exactly the unguarded one.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,15 +34,26 @@ from runtime.decoding import gnmt_length_penalty
 from server.engine.cache import BoundCache, NumpyCache
 from server.engine.search import (
     NBest,
+    apply_guards,
     beam_endings,
     greedy_endings,
+    guard_pairs,
+    guarded_candidates,
     select_candidates,
     select_greedy,
     settled,
 )
 from server.engine.sessions import Graphs, open_sessions, physical_cores
 
-__all__ = ["Generator"]
+__all__ = ["Generator", "check_guards"]
+
+
+def check_guards(repetition_penalty: float, no_repeat_ngram_size: int) -> None:
+    """ValueError unless repetition_penalty is finite and >= 1 and no_repeat_ngram_size >= 0."""
+    if not math.isfinite(repetition_penalty) or repetition_penalty < 1.0:
+        raise ValueError(f"need a finite repetition_penalty >= 1.0 (1 = off), got {repetition_penalty}")
+    if no_repeat_ngram_size < 0 or no_repeat_ngram_size != int(no_repeat_ngram_size):
+        raise ValueError(f"need an integer no_repeat_ngram_size >= 0 (0 = off), got {no_repeat_ngram_size}")
 
 
 class Generator:
@@ -135,14 +149,19 @@ class Generator:
         length_penalty: float = 0.6,
         max_lengths: Sequence[int] | int = 256,
         cancelled: Callable[[], Sequence[bool]] | None = None,
+        repetition_penalty: float = 1.0,
+        no_repeat_ngram_size: int = 0,
     ) -> list[NBest | None]:
         """Decode source id lists (no BOS/EOS). Per source: up to num_hypotheses (tokens, score), best
-        first, or None if `cancelled()` reported it at a step boundary. max_lengths: int or per source."""
+        first, or None if `cancelled()` reported it at a step boundary. max_lengths: int or per source.
+        repetition_penalty (1 = off) and no_repeat_ngram_size (0 = off): CTranslate2's decoding guards."""
         K = int(beam_size)
         if K < 1 or not 1 <= num_hypotheses <= K:
             raise ValueError(
                 f"need beam_size >= 1 and 1 <= num_hypotheses <= beam_size, got {K}, {num_hypotheses}"
             )
+        check_guards(repetition_penalty, no_repeat_ngram_size)
+        guarded = repetition_penalty != 1.0 or no_repeat_ngram_size > 0
         B = len(sources)
         limits = np.array(
             [max_lengths] * B if isinstance(max_lengths, int) else list(max_lengths), dtype=np.int64
@@ -214,16 +233,25 @@ class Generator:
             n_act = active.size
             greedy = K == 1 and self.greedy_fast_path
             n_cand = 1 if greedy else min(2 * K, K * V)
+            guards = None
+            if guarded:
+                t0 = time.perf_counter()
+                penalty = np.full(n_act, repetition_penalty, dtype=np.float64)
+                ngram = np.full(n_act, no_repeat_ngram_size, dtype=np.int64)
+                guards = guard_pairs(hist, np.full(n_act, t), np.isfinite(scores), penalty, ngram, V)
+                stats["select_s"] += time.perf_counter() - t0
             feed = {
                 "input_ids": tokens,
                 "position": positions[t : t + 1],
                 "src_bias": bias,
                 "beam_scores": scores,
-                "num_candidates": np.array([n_cand], dtype=np.int64),
+                "num_candidates": np.array([guarded_candidates(n_cand, guards)], dtype=np.int64),
             }
             t0 = time.perf_counter()
             top_s, top_i, new_kv = cache.step(feed, cross, past)
             t1 = time.perf_counter()
+            if guards is not None:  # re-ranked and cut back to n_cand: the rules below are unchanged
+                top_s, top_i = apply_guards(top_s, top_i, scores, guards, penalty, n_cand)
             stats["decoder_s"] += t1 - t0
             stats["steps"] += 1
             stats["row_steps"] += n_act * K

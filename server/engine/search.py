@@ -5,11 +5,14 @@ candidates fill the live beams in rank order); `select_greedy` is that rule with
 and `beam_endings` list the hypotheses a step finishes, in the reference's order; `settled` is the early
 stop that retires a sentence once no live beam can change its n-best. The request path (generator.py)
 and the in-flight batch (decode_batch.py) both decide every step with these, so they agree bit for bit.
+The decoding guards (repetition_penalty, no_repeat_ngram_size) re-rank the graph's candidates on the host
+before those rules run: `guard_pairs`, `guarded_candidates`, `apply_guards`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -18,9 +21,15 @@ from runtime.decoding import gnmt_length_penalty
 __all__ = [
     "LOGPROB_SLACK",
     "Ending",
+    "Guards",
     "NBest",
+    "apply_guards",
+    "banned_tokens",
     "beam_endings",
     "greedy_endings",
+    "guard_pairs",
+    "guarded_candidates",
+    "history_tokens",
     "select_candidates",
     "select_greedy",
     "settled",
@@ -172,3 +181,154 @@ def settled(
         bound = max(s / gnmt_length_penalty(int(n), a), s / gnmt_length_penalty(int(lim), a))
         out.append(sorted((norm for _, norm in fin), reverse=True)[k - 1] >= bound)
     return out
+
+
+# ------------------------------------------------------------------------------------ decoding guards
+# CTranslate2's repetition_penalty and no_repeat_ngram_size, exact although the decoder graph ranks the
+# candidates itself (log_softmax + beam scores + TopK inside the graph; the host never sees the logits).
+#
+# Both guards only LOWER scores, and only of a known set A of (beam, token) pairs per sentence: the
+# tokens already in a live beam's history (penalty: log-prob * penalty <= log-prob; n-gram ban: -inf,
+# and a banned token always occurs in the history). Let L be a sentence's top n + |A| candidates before
+# the guards. At least n of L are untouched; every candidate outside L ranks after all of them before the
+# guards and its score can only fall, so after the guards (re-sorted by score, ties by the graph's rank)
+# it still ranks after them. Hence the top n after the guards over all K x V pairs are the top n of L
+# after the guards: asking the graph for n + max |A| candidates and re-ranking them on the host is exact,
+# and a sentence's result does not depend on how many more candidates its batch asked for.
+
+
+class Guards(NamedTuple):
+    """The (sentence, beam, token) pairs one step's guards may lower, as sorted unique int64 keys
+    row * width + beam * vocab_size + token (width = beams per row x vocab_size: the graph's flat
+    candidate index space, one block per row)."""
+
+    banned: np.ndarray  # would repeat an n-gram: score -> -inf
+    penalised: np.ndarray  # already in the beam's history (rows with repetition_penalty != 1)
+    extra: np.ndarray  # (B,) per row: how many pairs the guards may lower, |banned | penalised|
+    width: int
+    vocab_size: int
+
+
+def history_tokens(hist: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """(B, K, T), T = max(lengths): each beam's history hist[b, k, :lengths[b]], -1 past its length."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    T = int(lengths.max(initial=0))
+    valid = np.arange(T)[None, None, :] < lengths[:, None, None]
+    return np.where(valid, hist[:, :, :T], -1)
+
+
+def banned_tokens(hist: np.ndarray, lengths: np.ndarray, n: int) -> np.ndarray:
+    """The tokens no_repeat_ngram_size = n bans at the next step: (B, K, T), T = max(lengths), holding at
+    position p the token hist[b, k, p] when the n - 1 tokens before p equal the beam's last n - 1 tokens
+    (emitting it again would repeat the n-gram that ends at p), else -1. n = 1: every token of the
+    history; n <= 0: none. hist (B, K, >= T): beam k of row b has the tokens hist[b, k, :lengths[b]]."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    B, K = hist.shape[:2]
+    T = int(lengths.max(initial=0))
+    if n <= 0 or T == 0:
+        return np.full((B, K, T), -1, dtype=np.int64)
+    h = history_tokens(hist, lengths)
+    if n == 1:
+        return h
+    m = n - 1
+    match = np.zeros((B, K, T), dtype=bool)
+    if T > m:
+        idx = np.clip(lengths[:, None] - m + np.arange(m), 0, None)  # (B, m): the last m positions
+        suffix = np.take_along_axis(h, np.broadcast_to(idx[:, None, :], (B, K, m)), axis=2)
+        ok = np.ones((B, K, T - m), dtype=bool)
+        for j in range(m):  # window hist[p - m : p] == suffix, for p = m .. T - 1
+            ok &= h[:, :, j : T - m + j] == suffix[:, :, j : j + 1]
+        match[:, :, m:] = ok
+    match &= h >= 0  # p < length (then p - m >= 0 and the suffix is real history too)
+    return np.where(match, h, -1)
+
+
+def guard_pairs(
+    hist: np.ndarray,
+    lengths: np.ndarray,
+    live: np.ndarray,
+    penalty: np.ndarray,
+    ngram: np.ndarray,
+    vocab_size: int,
+) -> Guards | None:
+    """The pairs this step's guards may lower, per row's own options: penalty (B,) repetition_penalty
+    (1 = off), ngram (B,) no_repeat_ngram_size (0 = off); live (B, K) the beams with a finite score (dead
+    beams are never lowered: their candidates are -inf already). hist (B, K, >= max(lengths)). None when
+    no pair is touched (then the step is the unguarded one, unchanged)."""
+    penalty, ngram = np.asarray(penalty, dtype=np.float64), np.asarray(ngram, dtype=np.int64)
+    on_pen, on_ngram = penalty != 1.0, ngram > 0
+    if not (on_pen.any() or on_ngram.any()):
+        return None
+    B, K = live.shape
+    hist, width = hist[:B, :K], K * vocab_size
+    lengths = np.asarray(lengths, dtype=np.int64)
+    base = np.arange(B)[:, None, None] * width + np.arange(K)[None, :, None] * vocab_size
+
+    def keys(rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:  # tokens (rows, K, T), -1 = none
+        sel = (tokens >= 0) & live[rows][:, :, None]
+        return (base[rows] + tokens)[sel]
+
+    empty = np.zeros(0, dtype=np.int64)
+    rows = np.flatnonzero(on_pen)
+    penalised = np.unique(keys(rows, history_tokens(hist[rows], lengths[rows]))) if rows.size else empty
+    found = [empty]
+    for n in np.unique(ngram[on_ngram]).tolist():
+        rows = np.flatnonzero(ngram == n)
+        found.append(keys(rows, banned_tokens(hist[rows], lengths[rows], n)))
+    banned = np.unique(np.concatenate(found))
+    touched = np.union1d(banned, penalised)
+    if touched.size == 0:
+        return None
+    extra = np.bincount(touched // width, minlength=B)
+    return Guards(banned, penalised, extra, width, vocab_size)
+
+
+def guarded_candidates(base: int, guards: Guards | None) -> int:
+    """Candidates to ask the graph for: the unguarded count `base`, plus the most pairs any row's guards
+    may lower (capped at all K x V pairs); `base` itself when no guard touches anything."""
+    if guards is None:
+        return base
+    return min(base + int(guards.extra.max()), guards.width)
+
+
+def _member(keys: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
+    if sorted_keys.size == 0:
+        return np.zeros(keys.shape, dtype=bool)
+    idx = np.minimum(np.searchsorted(sorted_keys, keys), sorted_keys.size - 1)
+    return sorted_keys[idx] == keys
+
+
+def apply_guards(
+    top_s: np.ndarray,
+    top_i: np.ndarray,
+    beam_scores: np.ndarray,
+    guards: Guards,
+    penalty: np.ndarray,
+    keep: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The graph's candidates top_s/top_i (B, C) (asked for with `guarded_candidates`) after the guards,
+    re-ranked and cut back to the unguarded count `keep`: banned pairs -> -inf; penalised pairs (finite
+    only: no -inf is resurrected) -> beam score + log-prob * penalty[row], the log-prob recovered as
+    top_s - beam_scores[row, beam] and the result never above top_s (so a score only falls, whatever the
+    rounding); each touched row stably re-sorted by score (ties keep the graph's rank). Untouched rows
+    are their first `keep` candidates, as without guards. See the comment above Guards for exactness."""
+    B = top_s.shape[0]
+    keys = np.arange(B)[:, None] * guards.width + top_i
+    s = np.array(top_s, dtype=np.float32)
+    finite = s > -np.inf
+    banned = _member(keys, guards.banned) & finite
+    pen = _member(keys, guards.penalised) & finite & ~banned
+    if pen.any():
+        r, c = np.nonzero(pen)
+        old = s[r, c]
+        b = beam_scores[r, top_i[r, c] // guards.vocab_size].astype(np.float64)
+        lowered = b + (old.astype(np.float64) - b) * np.asarray(penalty, dtype=np.float64)[r]
+        s[r, c] = np.minimum(lowered.astype(np.float32), old)
+    s[banned] = -np.inf
+    out_s, out_i = s[:, :keep].copy(), np.array(top_i[:, :keep])
+    rows = np.flatnonzero((banned | pen).any(axis=1))
+    if rows.size:
+        order = np.argsort(-s[rows], axis=1, kind="stable")[:, :keep]
+        out_s[rows] = np.take_along_axis(s[rows], order, axis=1)
+        out_i[rows] = np.take_along_axis(top_i[rows], order, axis=1)
+    return out_s, out_i

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +23,18 @@ from runtime.bundle import BundleError, load_manifest
 from runtime.decoding import DecodingOptions
 from runtime.decoding import check_options as _check_options
 from runtime.decoding import max_output_length as _max_output_length
+from runtime.faithful.terms import read_term_list
 from runtime.tokenizer import Tokenizer
-from server.contract import BatchItem, Finished, Hypothesis, InputTooLongError
+from server.contract import BatchItem, Finished, Hypothesis, InputTooLongError, Prepared
 from server.engine.cache import BoundCache
 from server.engine.decode_batch import DecodeBatch, DecodeItem
+from server.engine.faithful import TextLayer
 from server.engine.generator import Generator
 from server.engine.search import NBest
 
 __all__ = ["Engine", "RunningBatch", "blank_result", "split_whitespace"]
+
+LISTS = ("keep_terms", "source_words")  # the bundle's word lists for the text layer (manifest keys)
 
 
 def split_whitespace(text: str) -> tuple[str, str, str]:
@@ -74,6 +78,8 @@ class Engine:
             num_hypotheses=int(dec.get("num_hypotheses", 1)),
             max_length=int(dec.get("max_length", 0)),
             length_penalty=float(dec.get("length_penalty", 0.6)),
+            repetition_penalty=float(dec.get("repetition_penalty", 1.0)),
+            no_repeat_ngram_size=int(dec.get("no_repeat_ngram_size", 0)),
         )
         self._ratio = float(dec.get("max_length_ratio", 1.5))
         self._extra = int(dec.get("max_length_extra", 10))
@@ -107,6 +113,8 @@ class Engine:
                 f"manifest says {m['vocab_size']}"
             )
         self.providers: list[str] = list(self.generator.providers)
+        lists = {k: read_term_list(self.bundle_dir / m[k]) if m.get(k) else [] for k in LISTS}
+        self.text_layer = TextLayer(self.tokenizer, self.max_source_tokens, **lists)
         self.last_stats: dict[str, Any] = {}
         self._lock = threading.Lock()  # one batch at a time: the generator reuses its cache buffers
 
@@ -118,6 +126,31 @@ class Engine:
         encoded = self.encode_texts([c for c in cores if c])
         it = iter(encoded)
         return [len(next(it)) if c else 0 for c in cores]
+
+    def prepare(
+        self, texts: Sequence[str], options: DecodingOptions, glossary: Mapping[str, str] | None = None
+    ) -> Prepared:
+        """The text layer's first half: the segments to translate (see server.engine.faithful)."""
+        return self.text_layer.prepare(texts, options, glossary)
+
+    def finish(
+        self, prepared: Prepared, results: Sequence[list[Hypothesis] | None]
+    ) -> list[list[Hypothesis]]:
+        """The text layer's second half: the texts rebuilt from their segments' n-best lists."""
+        return self.text_layer.finish(prepared, results)
+
+    def translate_texts(
+        self,
+        texts: list[str],
+        options: DecodingOptions | None = None,
+        glossary: Mapping[str, str] | None = None,
+    ) -> list[list[Hypothesis]]:
+        """prepare -> translate -> finish in one call (what the service does through its scheduler)."""
+        options = self.default_options if options is None else options
+        self.check_options(options)
+        prepared = self.prepare(texts, options, glossary)
+        results = self.translate(prepared.segments, prepared.options)
+        return self.finish(prepared, results)
 
     # One text at a time on purpose: sentencepiece's list calls start a thread pool per call (about 4 ms
     # of wall time even for one sentence, 50x the work itself on a busy machine); same ids and texts.
@@ -237,6 +270,8 @@ class Engine:
                 beam_size=options.beam_size,
                 num_hypotheses=options.num_hypotheses,
                 length_penalty=options.length_penalty,
+                repetition_penalty=options.repetition_penalty,
+                no_repeat_ngram_size=options.no_repeat_ngram_size,
                 max_lengths=[self.max_output_length(len(s), options) for s in sources],
                 cancelled=cancel_fn,
             )
@@ -334,6 +369,8 @@ class RunningBatch:
                     o.num_hypotheses,
                     o.length_penalty,
                     e.max_output_length(len(ids), o),
+                    o.repetition_penalty,
+                    o.no_repeat_ngram_size,
                 )
             )
         greedy = [it for it in admit if it.beam_size == 1]

@@ -1,0 +1,1 @@
+"""The faithful-text layer: segmentation, protected spans, masking and restoring (torch-free)."""

@@ -1,0 +1,198 @@
+"""Masking: protected spans -> sentinels before the model, sentinels -> spans after, with the checks.
+
+The sentinels are the Qt-style `%1`..`%9`, then `{0}`..`{9}`, then `%10`, `%11`, ...: the first 19 are
+single pieces of the tokenizer that the training data is full of, so the model copies them where they
+belong. Every placeholder of the source is masked too, so the masked text holds no other placeholder.
+
+`restore` accepts a model output only when the result is whole: every sentinel exactly once, nothing
+placeholder-like invented, non-positional printf placeholders in the source's order, and markup tags
+balanced and properly nested (or, when the source's own tags are not, in the source's order). `repair`
+tries the deliberate fixes (drop a duplicated sentinel, put back a missing one that sat at the very start
+or end of the source); the text layer falls back to the next hypothesis, then to the source untranslated.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+from runtime.faithful.spans import Span, tag_name
+from runtime.tokenizer import PLACEHOLDER_PATTERN
+
+__all__ = ["Masked", "mask", "restore", "repair", "sentinel", "tags_well_formed"]
+
+_SENTINEL = re.compile(r"%\d+|\{\d+\}")
+_TAG_IN_TEXT = re.compile(r"</?[A-Za-z][A-Za-z0-9:_-]*(?:\s[^<>]{0,200})?/?>")
+# Text that is only punctuation, spaces and sentinels has nothing for the model to translate.
+_NOTHING_LEFT = re.compile(r"[\s\W_]*")
+
+
+def sentinel(i: int) -> str:
+    """The i-th sentinel (0-based)."""
+    if i < 9:
+        return f"%{i + 1}"
+    if i < 19:
+        return f"{{{i - 9}}}"
+    return f"%{i + 1}"
+
+
+@dataclass(frozen=True)
+class Masked:
+    """A source piece with its protected spans replaced by sentinels."""
+
+    source: str
+    text: str  # what the model sees
+    spans: tuple[Span, ...]
+    # Sentinels given a space inside their tag pair: "after" an opening tag, "before" a closing one.
+    padded: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def sentinels(self) -> list[str]:
+        return [sentinel(i) for i in range(len(self.spans))]
+
+    @property
+    def translatable(self) -> bool:
+        """Whether anything is left for the model once the spans are masked."""
+        rest = _SENTINEL.sub(" ", self.text)
+        return not _NOTHING_LEFT.fullmatch(rest)
+
+
+def mask(source: str, spans: list[Span]) -> Masked:
+    """Spans -> sentinels. A tag glued to the text it wraps (`<b>Apply</b>`) gets a space inside the pair
+    in the masked text (`%1 Apply %2`): the model translates the word rather than copying the run; the
+    space goes again on restore."""
+    parts, pos, padded = [], 0, []
+    for i, s in enumerate(spans):
+        tok = sentinel(i)
+        parts.append(source[pos : s.start])
+        if s.kind == "tag":
+            kind, _ = tag_name(s.text)
+            if kind == "open" and source[s.end : s.end + 1].strip() and source[s.end] != "<":
+                tok = tok + " "
+                padded.append((sentinel(i), "after"))
+            elif kind == "close" and s.start and source[s.start - 1].strip() and source[s.start - 1] != ">":
+                tok = " " + tok
+                padded.append((sentinel(i), "before"))
+        parts.append(tok)
+        pos = s.end
+    parts.append(source[pos:])
+    return Masked(source, "".join(parts), tuple(spans), tuple(padded))
+
+
+def tags_well_formed(tags: list[str]) -> bool:
+    """Whether the tags open and close in properly nested pairs (empty tags like <br/> stand alone;
+    <br>, <hr>, <img> and similar HTML void elements need no closing tag)."""
+    void = {"br", "hr", "img", "input", "meta", "link", "wbr", "col", "area", "base", "nl"}
+    stack: list[str] = []
+    for tag in tags:
+        kind, name = tag_name(tag)
+        if kind == "empty" or (kind == "open" and name in void):
+            continue
+        if kind == "open":
+            stack.append(name)
+        elif not stack or stack.pop() != name:
+            return False
+    return not stack
+
+
+def _problem(m: Masked, output: str) -> str | None:
+    """Why `output` (a model output over m.text) cannot be restored, or None when it can."""
+    found = _SENTINEL.findall(output)
+    wanted = m.sentinels
+    counts = Counter(found)
+    missing = [s for s in wanted if counts[s] == 0]
+    if missing:
+        return f"lost {', '.join(missing)}"
+    extra = sorted(s for s, c in counts.items() if s not in wanted or c > 1)
+    if extra:
+        return f"repeated or invented {', '.join(extra)}"
+    rest = _SENTINEL.sub("", output)
+    invented = [p for p in PLACEHOLDER_PATTERN.findall(rest) if p != "%%"]
+    if invented:
+        return f"invented {', '.join(invented)}"
+    ordered = [sentinel(i) for i, s in enumerate(m.spans) if s.ordered]
+    if ordered and [s for s in found if s in ordered] != ordered:
+        return "moved printf placeholders out of order"
+    src_tags = [s.text for s in m.spans if s.kind == "tag"]
+    if src_tags:
+        index = {sentinel(i): s.text for i, s in enumerate(m.spans) if s.kind == "tag"}
+        out_tags = [index[s] for s in found if s in index]
+        if tags_well_formed(src_tags):
+            if not tags_well_formed(out_tags):
+                return "broke the nesting of markup tags"
+        elif out_tags != src_tags:
+            return "moved markup tags"
+    return None
+
+
+def _spaced(m: Masked, output: str) -> str:
+    """A space put back between a sentinel and a word that the source kept apart (the model glued them):
+    otherwise a restored URL, path or number would run into the next word."""
+    parts = re.split(r"(%\d+|\{\d+\})", output)  # text, sentinel, text, ...
+    index = {sentinel(i): s for i, s in enumerate(m.spans)}
+    for k in range(1, len(parts), 2):
+        s = index.get(parts[k])
+        if s is None:
+            continue
+        after, before = m.source[s.end :], m.source[: s.start]
+        nxt = parts[k + 1]
+        if re.match(r"[^\w\s]*\s", after):  # "http://x.org, next": keep ", " apart
+            parts[k + 1] = re.sub(r"^([^\w\s]*)(?=\w)", r"\1 ", nxt, count=1)
+        elif not re.match(r"\w", after) and re.match(r"\w", nxt):
+            parts[k + 1] = " " + nxt
+        if not re.search(r"\w$", before) and re.search(r"\w$", parts[k - 1]):
+            parts[k - 1] += " "
+    return "".join(parts)
+
+
+def restore(m: Masked, output: str) -> tuple[str | None, str | None]:
+    """(restored text, None) when `output` keeps everything, else (None, the problem)."""
+    problem = _problem(m, output)
+    if problem is not None:
+        return None, problem
+    by_sentinel = {sentinel(i): s.restore for i, s in enumerate(m.spans)}
+    for tok, side in m.padded:  # the space mask() put inside a tag pair
+        if side == "after":
+            output = re.sub(re.escape(tok) + r"(?!\d) ", tok, output, count=1)
+        else:
+            output = re.sub(r" " + re.escape(tok) + r"(?!\d)", tok, output, count=1)
+    return _SENTINEL.sub(lambda x: by_sentinel[x.group(0)], _spaced(m, output)), None
+
+
+def _around(m: Masked, i: int) -> tuple[str, str]:
+    """The masked text before and after sentinel i."""
+    hit = re.search(re.escape(sentinel(i)) + r"(?!\d)", m.text)
+    assert hit is not None
+    return m.text[: hit.start()], m.text[hit.end() :]
+
+
+def repair(m: Masked, output: str) -> str | None:
+    """A deliberately fixed `output` (masked form) or None: repeated sentinels keep their first
+    occurrence; a lost sentinel that sat at the start or end of the source goes back there."""
+    seen: set[str] = set()
+
+    def first_only(x: re.Match[str]) -> str:
+        if x.group(1) in seen:
+            return ""  # with the space before it
+        seen.add(x.group(1))
+        return x.group(0)
+
+    fixed = re.sub(r" ?(%\d+|\{\d+\})", first_only, output)
+    present = set(_SENTINEL.findall(fixed))
+    for i, s in enumerate(m.sentinels):
+        if s in present:
+            continue
+        before, after = _around(m, i)
+        if _NOTHING_LEFT.fullmatch(before):  # at the start: "%s: not found"
+            glue = re.match(r"[^\w%{}]*", after).group(0)
+            fixed = s + glue + fixed.lstrip().lstrip(glue)
+        elif _NOTHING_LEFT.fullmatch(after):  # at the end: "Permission denied: %s"
+            glue = re.search(r"[^\w%{}]*$", before).group(0)
+            core = fixed.rstrip()
+            if after.strip() and core.endswith(after.strip()):
+                core = core[: -len(after.strip())]
+            fixed = core.rstrip(glue) + glue + s + after
+        else:
+            return None
+    return fixed if _problem(m, fixed) is None else None
