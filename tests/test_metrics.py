@@ -27,6 +27,7 @@ EXPECTED = {
     "translator_input_tokens": "counter",
     "translator_generated_tokens": "counter",
     "translator_segments": "counter",
+    "translator_text_segments": "counter",
     "translator_requests_in_flight": "gauge",
     "translator_queue_segments": "gauge",
     "translator_queue_tokens": "gauge",
