@@ -51,9 +51,18 @@ SETTINGS = {  # name -> (batch size, beam size)
     "b32-greedy": (32, 1),
     "b32-beam4": (32, 4),
 }
-SYSTEMS = ["engine-fp32", "engine-int8", "torch-nocache", "torch-kv", "ct2-fp32", "ct2-int8"]
+SYSTEMS = [
+    "engine-fp32",
+    "engine-fp32-text",
+    "engine-int8",
+    "torch-nocache",
+    "torch-kv",
+    "ct2-fp32",
+    "ct2-int8",
+]
 LABELS = {
     "engine-fp32": "ONNX engine fp32",
+    "engine-fp32-text": "ONNX engine fp32 + text layer",
     "engine-int8": "ONNX engine int8",
     "torch-nocache": "PyTorch, no KV cache",
     "torch-kv": "PyTorch, KV cache",
@@ -177,10 +186,14 @@ class CT2System(System):
 
 
 class EngineSystem(System):
-    def __init__(self, name: str, bundle: Path, variant: str, threads: int) -> None:
+    """The engine's raw model path (Engine.translate), or with text_layer the service's path
+    (Engine.translate_texts: segmentation, masking, restoring; its tokens are the segments' tokens)."""
+
+    def __init__(self, name: str, bundle: Path, variant: str, threads: int, text_layer: bool = False) -> None:
         from server.engine import DecodingOptions, Engine
 
         self.name = name
+        self.text_layer = text_layer
         self.engine = Engine(bundle, variant=variant, device="cpu", intra_op_threads=threads)
         self.options = {
             b: DecodingOptions(beam_size=b, num_hypotheses=1, max_length=0, length_penalty=LENGTH_PENALTY)
@@ -189,7 +202,10 @@ class EngineSystem(System):
         self.engine.warmup()
 
     def translate(self, texts: list[str], beam: int) -> list[list[int]]:
-        results = self.engine.translate(texts, self.options[beam])
+        if self.text_layer:
+            results = self.engine.translate_texts(texts, self.options[beam])
+        else:
+            results = self.engine.translate(texts, self.options[beam])
         return [r[0].tokens if r else [] for r in results]
 
 
@@ -483,11 +499,11 @@ def main(argv: list[str] | None = None) -> None:
                         systems[name] = CT2System(name, ct2_dir, ctype, tok, args.threads)
             except ImportError as e:
                 notes.append(f"CTranslate2 skipped: {e}")
-        for name, variant in (("engine-fp32", "fp32"), ("engine-int8", "int8")):
+        for name, variant in (("engine-fp32", "fp32"), ("engine-fp32-text", "fp32"), ("engine-int8", "int8")):
             if name not in wanted:
                 continue
             try:
-                systems[name] = EngineSystem(name, args.bundle, variant, args.threads)
+                systems[name] = EngineSystem(name, args.bundle, variant, args.threads, name.endswith("-text"))
             except Exception as e:  # noqa: BLE001 - engine or bundle not there (yet), or no such variant
                 notes.append(f"{name} skipped: {type(e).__name__}: {e}")
         if any(n.startswith("engine") for n in systems):
@@ -555,6 +571,13 @@ def main(argv: list[str] | None = None) -> None:
                 if (a, s) in cells and (b, s) in cells:
                     ra, rb = cells[(a, s)].summary(), cells[(b, s)].summary()
                     ratios.setdefault(f"{a} / {b}", {})[s] = round(ra["tokens_per_s"] / rb["tokens_per_s"], 3)
+        # The text layer's cost: time per repetition with it over without it (same texts, same passes).
+        text_cost = {
+            s: round(100 * (cells[("engine-fp32-text", s)].summary()["total_s_median"]
+                            / cells[("engine-fp32", s)].summary()["total_s_median"] - 1), 1)
+            for s in settings
+            if ("engine-fp32-text", s) in cells and ("engine-fp32", s) in cells
+        }  # fmt: skip
         load_after = os.getloadavg()
         md = markdown_table(rows, order, settings)
         md_ratios = ratio_table(ratios, settings)
@@ -569,6 +592,11 @@ def main(argv: list[str] | None = None) -> None:
         print("\ngreedy/beam output mismatches (sentences whose best hypothesis differs):")
         for s, d in agreement.items():
             print(f"  {s}: " + ", ".join(f"{k}: {v}" for k, v in d.items()))
+        if text_cost:
+            print(
+                "text layer cost (time with / without - 1): "
+                + ", ".join(f"{s} {v:+.1f}%" for s, v in text_cost.items())
+            )
         if batch_variance:
             print("batch 1 vs batch 32 output differences (same system, same beam; 0 = batch-invariant):")
             print("  " + ", ".join(f"{n} {b}: {v}" for n, d in batch_variance.items() for b, v in d.items()))
@@ -609,6 +637,8 @@ def main(argv: list[str] | None = None) -> None:
         variant_rows = [f"{n} {b} {v}" for n, d in batch_variance.items() for b, v in d.items() if v]
         if batch_variance:
             summary += "\n  batch-dependent outputs (b1 vs b32): " + ("; ".join(variant_rows) or "none")
+        if text_cost:
+            summary += "\n  text layer cost: " + ", ".join(f"{s} {v:+.1f}%" for s, v in text_cost.items())
         if notes:
             summary += "\nNotes: " + " | ".join(notes)
         print("\n" + summary)
@@ -638,6 +668,7 @@ def main(argv: list[str] | None = None) -> None:
                 "ratios_tokens_per_s": ratios,
                 "mismatches": agreement,
                 "batch1_vs_batch32_differences": batch_variance,
+                "text_layer_cost_percent": text_cost,
                 "notes": notes,
                 "markdown": md + "\n\n" + md_ratios,
                 "profile": profile,
