@@ -21,7 +21,9 @@ seed 20240607, kept in the output), evaluated in corpus order; ``--n 0`` takes t
 
 Backends for the model: ``torch`` (default; ``model.train.load_release`` on a snapshot of ``--model``,
 then the reference ``model.decode`` search) or, with ``--bundle``, the serving engine
-(``server.engine.Engine``) with ``--variant`` (fp32, int8). Decoding defaults are the model's own
+(``server.engine.Engine``) with ``--variant`` (fp32, int8); ``--text-layer`` translates through its
+text layer (``Engine.translate_texts``: segmentation, span masking, restoring, as the service does)
+instead of the raw ``Engine.translate``. Decoding defaults are the model's own
 (``decoding.json`` / the bundle manifest), chosen on valid. Apertium: ``bench.apertium``.
 """
 
@@ -160,6 +162,7 @@ class Translation:
     hypotheses: list[str]
     seconds: float
     info: dict = field(default_factory=dict)
+    skipped: list[int] = field(default_factory=list)  # positions not translated (empty hypotheses)
 
 
 def translate_torch(
@@ -230,16 +233,27 @@ def translate_onnx(
     batch_size: int,
     device: str,
     threads: int,
+    repetition_penalty: float = 1.0,
+    no_repeat_ngram_size: int = 0,
+    text_layer: bool = False,
 ) -> Translation:
+    """The serving engine in-process: ``Engine.translate`` (the raw model path: a text over
+    max_source_tokens is skipped, an empty output) or, with `text_layer`, ``Engine.translate_texts`` (what
+    the service does: segmentation, masking, restoring; long texts are split, so none is skipped unless
+    the text layer refuses it). Same length-sorted batches either way."""
     from server.engine import DecodingOptions, Engine  # lazy: the torch backend must not need it
 
     engine = Engine(bundle, variant=variant, device=device, intra_op_threads=threads)
     engine.warmup()
-    options = DecodingOptions(beam_size=beam, num_hypotheses=1, max_length=0, length_penalty=length_penalty)
+    options = DecodingOptions(
+        beam_size=beam, num_hypotheses=1, max_length=0, length_penalty=length_penalty,
+        repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+    )  # fmt: skip
     lengths = engine.count_tokens(texts)
-    too_long = [i for i, n in enumerate(lengths) if n > engine.max_source_tokens]
+    too_long = [] if text_layer else [i for i, n in enumerate(lengths) if n > engine.max_source_tokens]
     info = {
         "backend": "onnx",
+        "text_layer": text_layer,
         "bundle": str(bundle),
         "variant": variant,
         "name": getattr(engine, "name", None),
@@ -247,21 +261,51 @@ def translate_onnx(
         "providers": list(getattr(engine, "providers", [])),
         "beam": beam,
         "length_penalty": length_penalty,
+        "repetition_penalty": repetition_penalty,
+        "no_repeat_ngram_size": no_repeat_ngram_size,
         "skipped_too_long": len(too_long),
     }
     skip = set(too_long)
     keep = [i for i in range(len(texts)) if i not in skip]
     outputs = [""] * len(texts)  # too-long segments count as empty translations
+    skipped = list(too_long)
     started = time.perf_counter()
-    with _progress(len(texts), f"model (onnx {variant}, beam {beam})") as bar:
+    desc = f"model (onnx {variant}{' + text layer' if text_layer else ''}, beam {beam})"
+    with _progress(len(texts), desc) as bar:
         bar.update(len(too_long))
         for batch in _length_batches([max(lengths[i], 1) for i in keep], batch_size, 64 * batch_size):
             idx = [keep[j] for j in batch]
-            results = engine.translate([texts[i] for i in idx], options)
+            if text_layer:
+                results, refused = _translate_texts(engine, [texts[i] for i in idx], options)
+                skipped += [idx[j] for j in refused]
+            else:
+                results = engine.translate([texts[i] for i in idx], options)
             for i, nbest in zip(idx, results, strict=True):
                 outputs[i] = nbest[0].text if nbest else ""
             bar.update(len(idx))
-    return Translation(outputs, time.perf_counter() - started, info)
+    if text_layer:
+        info["skipped_too_long"] = len(skipped)  # refused by the text layer (over its character limit)
+    return Translation(outputs, time.perf_counter() - started, info, sorted(skipped))
+
+
+def _translate_texts(engine, texts: list[str], options) -> tuple[list[list], list[int]]:
+    """``Engine.translate_texts`` on a batch; if it refuses a text (InputTooLongError) the batch goes
+    text by text and each refused text comes back with an empty n-best list. Returns (results, refused
+    positions)."""
+    from server.engine import InputTooLongError
+
+    try:
+        return engine.translate_texts(texts, options), []
+    except InputTooLongError:
+        results: list[list] = []
+        refused: list[int] = []
+        for pos, text in enumerate(texts):
+            try:
+                results += engine.translate_texts([text], options)
+            except InputTooLongError:
+                results.append([])
+                refused.append(pos)
+        return results, refused
 
 
 def translate_apertium(texts: list[str], pair: str | None, mode: str) -> Translation:
@@ -361,7 +405,7 @@ def translate_model(args: argparse.Namespace, texts: list[str]) -> Translation:
     if args.bundle:
         return translate_onnx(
             args.bundle, args.variant, texts, args.beam, args.length_penalty, args.batch_size, args.device,
-            args.threads,
+            args.threads, args.repetition_penalty, args.no_repeat_ngram_size, text_layer=args.text_layer,
         )  # fmt: skip
     if args.model is None:
         raise SystemExit("--model (or --bundle) is required")
@@ -482,6 +526,13 @@ def default_length_penalty(model_dir: str | Path | None, bundle_dir: str | Path 
     return 0.6
 
 
+def write_report(path: Path, report: dict) -> None:
+    """Write a bench report as indented UTF-8 JSON (parent folders created) and say where."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"report: {path}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -498,11 +549,23 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="GNMT alpha (default: the model's decoding.json, as the server uses it, else 0.6)",
     )
+    parser.add_argument(
+        "--repetition-penalty", type=float, default=1.0, help="decoding guard, --bundle only (1.0 = off)"
+    )
+    parser.add_argument(
+        "--no-repeat-ngram-size", type=int, default=0, help="decoding guard, --bundle only (0 = off)"
+    )
     parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0 = library default)")
     parser.add_argument("--bundle", type=Path, help="exported bundle: use the ONNX engine instead of torch")
     parser.add_argument("--variant", default="fp32", help="bundle variant (fp32, int8, ...)")
+    parser.add_argument(
+        "--text-layer",
+        action="store_true",
+        help="--bundle only: translate through Engine.translate_texts (the service's text layer: "
+        "segmentation, masking, restoring) instead of the raw Engine.translate",
+    )
     parser.add_argument("--apertium", action="store_true", help="also translate the sample with Apertium")
     parser.add_argument("--apertium-pair", default=None, help="Apertium mode (default: en-es or eng-spa)")
     parser.add_argument("--apertium-mode", choices=["stream", "per-segment"], default="stream")
@@ -514,6 +577,13 @@ def main(argv: list[str] | None = None) -> None:
         args.length_penalty = default_length_penalty(args.model, args.bundle)
     if args.beam < 1:
         parser.error("--beam must be >= 1")
+    if (args.repetition_penalty != 1.0 or args.no_repeat_ngram_size != 0) and not args.bundle:
+        parser.error("--repetition-penalty / --no-repeat-ngram-size need --bundle (torch search has none)")
+    if args.text_layer and not args.bundle:
+        parser.error(
+            "--text-layer needs --bundle: the text layer is the serving engine's (Engine.translate_texts); "
+            "the torch backend translates raw model inputs only"
+        )
     if args.threads:
         import torch
 
@@ -523,9 +593,7 @@ def main(argv: list[str] | None = None) -> None:
     report["total_seconds"] = round(time.perf_counter() - started, 1)
     report["command"] = sys.argv if argv is None else ["python", "-m", "bench.evaluate", *argv]
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        print(f"report: {args.json}")
+        write_report(args.json, report)
     print(f"done in {report['total_seconds']} s")
 
 

@@ -205,9 +205,45 @@ def test_onnx_backend_matches_torch_backend(data_dir, tiny_checkpoint, tiny_bund
     onnx_report = json.loads((tmp_path / "onnx.json").read_text(encoding="utf-8"))
     model = onnx_report["systems"]["model"]
     assert model["backend"] == "onnx" and model["variant"] == "fp32" and model["beam"] == 2
+    assert model["text_layer"] is False
     assert [s["model"] for s in onnx_report["segments"]] == [s["model"] for s in torch_report["segments"]]
     assert model["bleu"] == torch_report["systems"]["model"]["bleu"]
     assert model["chrf"] == torch_report["systems"]["model"]["chrf"]
+
+
+def test_onnx_backend_through_the_text_layer(data_dir, tiny_bundle, tmp_path):
+    """--text-layer: Engine.translate_texts instead of Engine.translate; random weights, but the text layer
+    restores (or keeps untranslated) every protected span, so every placeholder survives."""
+    out = tmp_path / "layer.json"
+    evaluate.main(
+        ["--bundle", str(tiny_bundle), "--text-layer", "--data", str(data_dir), "--n", "0", "--beam", "2",
+         "--batch-size", "4", "--json", str(out)]
+    )  # fmt: skip
+    report = json.loads(out.read_text(encoding="utf-8"))
+    model = report["systems"]["model"]
+    assert model["backend"] == "onnx" and model["text_layer"] is True and model["skipped_too_long"] == 0
+    assert len(report["segments"]) == len(PAIRS)
+    assert all(isinstance(s["model"], str) for s in report["segments"])
+    assert model["placeholders"]["rate"] == 100.0
+
+
+def test_text_layer_batch_with_a_refused_text_goes_text_by_text():
+    from server.engine import Hypothesis, InputTooLongError
+
+    class Engine:
+        def translate_texts(self, texts, options):
+            if any(len(t) > 5 for t in texts):
+                raise InputTooLongError("too long")
+            return [[Hypothesis(text=t.upper(), score=0.0, tokens=[])] for t in texts]
+
+    results, refused = evaluate._translate_texts(Engine(), ["ab", "abcdefgh", "c"], None)
+    assert [r[0].text if r else "" for r in results] == ["AB", "", "C"] and refused == [1]
+
+
+def test_text_layer_needs_a_bundle(data_dir, model_dir, capsys):
+    with pytest.raises(SystemExit):
+        evaluate.main(["--model", str(model_dir), "--data", str(data_dir), "--n", "2", "--text-layer"])
+    assert "--text-layer needs --bundle" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------------------------
