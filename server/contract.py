@@ -161,8 +161,9 @@ class TranslationEngine(Protocol):
 
     def finish(
         self, prepared: Prepared, results: Sequence[list[Hypothesis] | None]
-    ) -> list[list[Hypothesis]]:
-        """The text layer after decoding: one n-best list per text from the segments' n-best lists."""
+    ) -> list[list[Hypothesis]] | Prepared:
+        """The text layer after decoding: one n-best list per text from the segments' n-best lists, or
+        the next round's Prepared (segments to decode before calling finish again)."""
         ...
 
     def translate(

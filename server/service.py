@@ -21,7 +21,7 @@ from proto.gen.translator.v1 import translator_pb2_grpc as pb_grpc
 from runtime import decoding
 from runtime.faithful.segment import MAX_TEXT_CHARS
 from runtime.faithful.spans import MAX_GLOSSARY_ENTRIES, InvalidGlossaryError, make_glossary
-from server.contract import DecodingOptions, Hypothesis, InvalidOptionsError, TranslationEngine
+from server.contract import DecodingOptions, Hypothesis, InvalidOptionsError, Prepared, TranslationEngine
 from server.metrics import Metrics
 from server.scheduler import (
     EngineFailure,
@@ -218,8 +218,24 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         except ValueError as e:  # InputTooLongError: a text over max_text_chars
             raise invalid(str(e)) from None
         stats["texts"] = len(texts)
-        stats["segments"] = len(prepared.segments)
-        stats["input_tokens"] = sum(prepared.token_counts)
+        stats["segments"] = stats["input_tokens"] = stats["output_tokens"] = 0
+        stats["queue_ms"] = stats["decode_ms"] = 0.0
+        step: Prepared | list[list[Hypothesis]] = prepared
+        while isinstance(step, Prepared):  # the text layer's rounds (a second one re-translates)
+            job = await self._run(backend, step, deadline, request_id, stats)
+            step = engine.finish(step, job.results)
+        results = step
+        for hyps in results:
+            for note in hyps[0].notes:
+                self.metrics.text_segments.labels(action=note.action).inc()
+        return to_translations(results, return_scores)
+
+    async def _run(
+        self, backend: Backend, prepared: Prepared, deadline: float | None, request_id: str, stats: dict
+    ) -> Job:
+        """One round of segments through the scheduler; raises RpcFailure."""
+        stats["segments"] += len(prepared.segments)
+        stats["input_tokens"] += sum(prepared.token_counts)
         if len(prepared.segments) > self.max_queue_segments:
             raise invalid(
                 f"these texts make {len(prepared.segments)} segments, more than the queue holds "
@@ -248,14 +264,10 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         except SchedulerStopped as e:
             raise RpcFailure(grpc.StatusCode.UNAVAILABLE, str(e)) from None
         finally:
-            stats["queue_ms"] = round(job.queue_s * 1000, 2)
-            stats["decode_ms"] = round(job.decode_s * 1000, 2)
-        stats["output_tokens"] = job.output_tokens
-        results = engine.finish(prepared, job.results)
-        for hyps in results:
-            for note in hyps[0].notes:
-                self.metrics.text_segments.labels(action=note.action).inc()
-        return to_translations(results, return_scores)
+            stats["queue_ms"] = round(stats["queue_ms"] + job.queue_s * 1000, 2)
+            stats["decode_ms"] = round(stats["decode_ms"] + job.decode_s * 1000, 2)
+        stats["output_tokens"] += job.output_tokens
+        return job
 
     def _record(
         self,

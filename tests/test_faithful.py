@@ -17,7 +17,7 @@ from runtime.faithful.mask import mask, repair, restore, sentinel, tags_well_for
 from runtime.faithful.segment import segment, split_to_fit
 from runtime.faithful.spans import InvalidGlossaryError, find_spans, make_glossary
 from runtime.tokenizer import Tokenizer
-from server.contract import Hypothesis, InputTooLongError
+from server.contract import Hypothesis, InputTooLongError, Prepared
 from server.engine.faithful import TextLayer
 
 TOKENIZER = Path(__file__).resolve().parent.parent / "models" / "en-es-small" / "tokenizer.model"
@@ -159,6 +159,33 @@ def test_long_sentences_are_split_to_the_window(layer):
     assert len(p.segments) > 1 and max(p.token_counts) <= 24
 
 
+def test_first_round_keeps_spans_visible_and_a_failure_is_masked_in_a_second(layer):
+    text = "Copy %s to the GNOME folder. Then close it."
+    first = layer.prepare([text], DecodingOptions(beam_size=1))
+    assert first.segments == [text]  # whole, placeholders and names visible
+    second = layer.finish(first, [[Hypothesis("Copiar a la carpeta. Luego ciérrela.", -1.0, [5])]])
+    assert isinstance(second, Prepared)  # %s and GNOME lost: sentence by sentence, all masked
+    assert second.segments == ["Copy %1 to the %2 folder.", "Then close it."]
+    outputs = [
+        [Hypothesis("Copiar %1 a la carpeta %2.", -1.0, [5])],
+        [Hypothesis("Luego ciérrela.", -1.0, [6])],
+    ]
+    [hyps] = layer.finish(second, outputs)
+    assert hyps[0].text == "Copiar %s a la carpeta GNOME. Luego ciérrela."
+
+
+def test_a_whole_text_must_keep_its_sentences_and_lines(layer):
+    text = "- Open the file.\n- Save it."
+    first = layer.prepare([text], DecodingOptions(beam_size=1))
+    assert first.segments == [text]
+    second = layer.finish(first, [[Hypothesis("- Abrir el archivo y guardarlo.", -1.0, [5])]])
+    assert isinstance(second, Prepared) and second.segments == ["Open the file.", "Save it."]
+    [hyps] = layer.finish(
+        second, [[Hypothesis("Abrir el archivo.", -1.0, [5])], [Hypothesis("Guardarlo.", -1.0, [6])]]
+    )
+    assert hyps[0].text == "- Abrir el archivo.\n- Guardarlo."
+
+
 def test_repeated_segments_are_decoded_once(layer):
     p = layer.prepare(["Open the file. " * 60, "Open the file."], DecodingOptions())
     assert p.segments == ["Open the file."]
@@ -214,6 +241,17 @@ def chaotic_model(masked: str, rng: random.Random, n: int) -> list[Hypothesis]:
     return out
 
 
+def run_rounds(layer: TextLayer, texts: list[str], options: DecodingOptions, model) -> list[list[Hypothesis]]:
+    """prepare -> model -> finish until the text layer is done (at most two rounds); model(segment, n)."""
+    step = layer.prepare(texts, options)
+    for _ in range(2):
+        if not isinstance(step, Prepared):
+            break
+        step = layer.finish(step, [model(s, step.options.num_hypotheses) for s in step.segments])
+    assert not isinstance(step, Prepared), "more than two rounds"
+    return step
+
+
 def protected(text: str, layer: TextLayer) -> Counter:
     return Counter(s.text for s in layer.spans(text))
 
@@ -227,9 +265,7 @@ def protected(text: str, layer: TextLayer) -> Counter:
 def test_every_protected_span_comes_back_exactly_once(layer, texts, seed, beam):
     rng = random.Random(seed)
     options = DecodingOptions(beam_size=beam, num_hypotheses=1)
-    prepared = layer.prepare(texts, options)
-    results = [chaotic_model(s, rng, prepared.options.num_hypotheses) for s in prepared.segments]
-    out = layer.finish(prepared, results)
+    out = run_rounds(layer, texts, options, lambda s, n: chaotic_model(s, rng, n))
     assert len(out) == len(texts)
     for src, hyps in zip(texts, out, strict=True):
         assert 1 <= len(hyps) <= options.num_hypotheses
@@ -253,9 +289,7 @@ def test_every_protected_span_comes_back_exactly_once(layer, texts, seed, beam):
 @settings(max_examples=100, deadline=None, derandomize=True)
 @given(text=texts())
 def test_a_model_that_copies_gives_the_source_back_untouched(layer, text):
-    prepared = layer.prepare([text], DecodingOptions(beam_size=1))
-    results = [[Hypothesis(s, 0.0, [])] for s in prepared.segments]
-    [hyps] = layer.finish(prepared, results)
+    [hyps] = run_rounds(layer, [text], DecodingOptions(beam_size=1), lambda s, n: [Hypothesis(s, 0.0, [])])
     assert hyps[0].text == text
     assert all(n.reason == "nothing to translate" for n in hyps[0].notes)
 

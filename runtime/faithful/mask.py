@@ -15,14 +15,19 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from runtime.faithful.spans import Span, tag_name
 from runtime.tokenizer import PLACEHOLDER_PATTERN
 
-__all__ = ["Masked", "mask", "restore", "repair", "sentinel", "tags_well_formed"]
+__all__ = ["SENTINEL_PATTERN", "Masked", "mask", "restore", "repair", "sentinel", "tags_well_formed"]
 
-_SENTINEL = re.compile(r"%\d+|\{\d+\}")
+SENTINEL_PATTERN = _SENTINEL = re.compile(r"%\d+|\{\d+\}")
+# Non-positional printf conversions: their order is their meaning.
+_ORDERED = re.compile(
+    r"%(?!\d+\$)[-+#0']*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|q|j|z|t)?[diouxXeEfFgGaAcsp]"
+)
 _TAG_IN_TEXT = re.compile(r"</?[A-Za-z][A-Za-z0-9:_-]*(?:\s[^<>]{0,200})?/?>")
 # Text that is only punctuation, spaces and sentinels has nothing for the model to translate.
 _NOTHING_LEFT = re.compile(r"[\s\W_]*")
@@ -96,7 +101,7 @@ def tags_well_formed(tags: list[str]) -> bool:
     return not stack
 
 
-def _problem(m: Masked, output: str) -> str | None:
+def _problem(m: Masked, output: str, check_invented: bool = True) -> str | None:
     """Why `output` (a model output over m.text) cannot be restored, or None when it can."""
     found = _SENTINEL.findall(output)
     wanted = m.sentinels
@@ -108,7 +113,7 @@ def _problem(m: Masked, output: str) -> str | None:
     if extra:
         return f"repeated or invented {', '.join(extra)}"
     rest = _SENTINEL.sub("", output)
-    invented = [p for p in PLACEHOLDER_PATTERN.findall(rest) if p != "%%"]
+    invented = [p for p in PLACEHOLDER_PATTERN.findall(rest) if p != "%%"] if check_invented else []
     if invented:
         return f"invented {', '.join(invented)}"
     ordered = [sentinel(i) for i, s in enumerate(m.spans) if s.ordered]
@@ -137,7 +142,11 @@ def _spaced(m: Masked, output: str) -> str:
             continue
         after, before = m.source[s.end :], m.source[: s.start]
         nxt = parts[k + 1]
-        if re.match(r"[^\w\s]*\s", after):  # "http://x.org, next": keep ", " apart
+        if not nxt and k + 2 < len(parts):  # two spans glued that the source did not glue: "%s%s"
+            other = index.get(parts[k + 2])
+            if other is None or other.start != s.end:
+                parts[k + 1] = " "
+        elif re.match(r"[^\w\s]*\s", after):  # "http://x.org, next": keep ", " apart
             parts[k + 1] = re.sub(r"^([^\w\s]*)(?=\w)", r"\1 ", nxt, count=1)
         elif not re.match(r"\w", after) and re.match(r"\w", nxt):
             parts[k + 1] = " " + nxt
@@ -146,9 +155,15 @@ def _spaced(m: Masked, output: str) -> str:
     return "".join(parts)
 
 
-def restore(m: Masked, output: str) -> tuple[str | None, str | None]:
-    """(restored text, None) when `output` keeps everything, else (None, the problem)."""
-    problem = _problem(m, output)
+def restore(m: Masked, output: str, visible: Sequence[Span] | None = None) -> tuple[str | None, str | None]:
+    """(restored text, None) when `output` keeps everything, else (None, the problem).
+
+    visible: the spans left in the model's input as they are (the text layer's first try); they must come
+    back verbatim, as often as in the source, with nothing placeholder-like lost or invented, printf in
+    order and tags nested."""
+    if visible is not None and not m.spans:
+        return output, _visible_problem(m.source, output, visible)
+    problem = _problem(m, output, check_invented=visible is None)
     if problem is not None:
         return None, problem
     by_sentinel = {sentinel(i): s.restore for i, s in enumerate(m.spans)}
@@ -157,7 +172,43 @@ def restore(m: Masked, output: str) -> tuple[str | None, str | None]:
             output = re.sub(re.escape(tok) + r"(?!\d) ", tok, output, count=1)
         else:
             output = re.sub(r" " + re.escape(tok) + r"(?!\d)", tok, output, count=1)
-    return _SENTINEL.sub(lambda x: by_sentinel[x.group(0)], _spaced(m, output)), None
+    spaced = _spaced(m, output)
+    # Restored spans are checked like visible ones (the model may have put "--" before a "--ipv6"), on
+    # the output with each span back as in the source (a glossary term's translation may be anything).
+    by_source = {sentinel(i): s.text for i, s in enumerate(m.spans)}
+    shadow = _SENTINEL.sub(lambda x: by_source[x.group(0)], spaced)
+    if problem := _visible_problem(m.source, shadow, [*m.spans, *(visible or [])]):
+        return None, problem
+    return _SENTINEL.sub(lambda x: by_sentinel[x.group(0)], spaced), None
+
+
+def _standalone(text: str, span: str) -> int:
+    """Occurrences of `span` in `text` not glued to what would change it: a word (where the span itself
+    starts or ends with one), or the span's own leading - % $ ("----ipv6" is not "--ipv6")."""
+    before = ("\\w" if re.match(r"\w", span) else "") + (re.escape(span[0]) if span[0] in "-%$" else "")
+    after = ("\\w" if re.search(r"\w$", span) else "") + ("\\-" if span[-1] == "-" else "")
+    pattern = (f"(?<![{before}])" if before else "") + re.escape(span) + (f"(?![{after}])" if after else "")
+    return len(re.findall(pattern, text))
+
+
+def _visible_problem(source: str, output: str, visible: Sequence[Span]) -> str | None:
+    """Why `output` does not keep the visible spans of `source` (None when it does)."""
+    for t in dict.fromkeys(s.text for s in visible):
+        if _standalone(output, t) != _standalone(source, t):
+            return f"changed {t}"
+    want, got = Counter(PLACEHOLDER_PATTERN.findall(source)), Counter(PLACEHOLDER_PATTERN.findall(output))
+    if want != got:
+        diff = list((want - got) + (got - want))
+        return f"lost or invented {', '.join(diff[:3])}"
+    if _ORDERED.findall(output) != _ORDERED.findall(source):
+        return "moved printf placeholders out of order"
+    src_tags, out_tags = _TAG_IN_TEXT.findall(source), _TAG_IN_TEXT.findall(output)
+    if tags_well_formed(src_tags):
+        if not tags_well_formed(out_tags):
+            return "broke the nesting of markup tags"
+    elif out_tags != src_tags:
+        return "moved markup tags"
+    return None
 
 
 def _around(m: Masked, i: int) -> tuple[str, str]:

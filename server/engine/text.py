@@ -135,8 +135,9 @@ class Engine:
 
     def finish(
         self, prepared: Prepared, results: Sequence[list[Hypothesis] | None]
-    ) -> list[list[Hypothesis]]:
-        """The text layer's second half: the texts rebuilt from their segments' n-best lists."""
+    ) -> list[list[Hypothesis]] | Prepared:
+        """The text layer's second half: the texts rebuilt from their segments' n-best lists, or the next
+        round's Prepared (decode it and call finish again)."""
         return self.text_layer.finish(prepared, results)
 
     def translate_texts(
@@ -145,12 +146,14 @@ class Engine:
         options: DecodingOptions | None = None,
         glossary: Mapping[str, str] | None = None,
     ) -> list[list[Hypothesis]]:
-        """prepare -> translate -> finish in one call (what the service does through its scheduler)."""
+        """prepare -> translate -> finish (-> translate -> finish) in one call, as the service does
+        through its scheduler."""
         options = self.default_options if options is None else options
         self.check_options(options)
-        prepared = self.prepare(texts, options, glossary)
-        results = self.translate(prepared.segments, prepared.options)
-        return self.finish(prepared, results)
+        step: Prepared | list[list[Hypothesis]] = self.prepare(texts, options, glossary)
+        while isinstance(step, Prepared):
+            step = self.finish(step, self.translate(step.segments, step.options))
+        return step
 
     # One text at a time on purpose: sentencepiece's list calls start a thread pool per call (about 4 ms
     # of wall time even for one sentence, 50x the work itself on a busy machine); same ids and texts.
