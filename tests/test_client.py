@@ -208,3 +208,33 @@ def test_load_cli_json_compares_targets(tiny_server):
     reports = json.loads(p.stdout)
     assert [r["label"] for r in reports] == ["a", "b"]
     assert all(r["ok"] > 0 and r["throughput_rps"] > 0 and "p99" in r["latency_ms"] for r in reports)
+
+
+def test_cli_reports_notes_and_sends_the_glossary(tiny_server, tmp_path):
+    # The tiny random model cannot keep placeholders: the text layer keeps the source and says so.
+    text = "Copy %s to %s and then %d more"
+    p = cli("--target", tiny_server.target, "--beam-size", "1", text)
+    assert p.returncode == 0, p.stderr
+    notes = [line for line in p.stderr.splitlines() if line.startswith("note: text 1:")]
+    assert notes and all("kept untranslated" in n or "repaired" in n for n in notes), p.stderr
+    out = p.stdout.rstrip("\n")
+    assert [out.count(x) for x in ("%s", "%d")] == [2, 1]
+    quiet = cli("--target", tiny_server.target, "--beam-size", "1", "--no-notes", text)
+    assert "note:" not in quiet.stderr and quiet.stdout == p.stdout
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("# terms\nproxy server\tpasarela\nfile\n", encoding="utf-8")
+    g = cli(
+        "--target",
+        tiny_server.target,
+        "--glossary",
+        str(glossary),
+        "--keep",
+        "Inkscape",
+        "proxy server",
+        "Inkscape",
+    )
+    assert g.returncode == 0 and g.stdout == "pasarela\nInkscape\n", (g.stdout, g.stderr)
+    bad = glossary.with_name("bad.tsv")
+    bad.write_text("File\tArchivo\nfile\tFichero\n", encoding="utf-8")
+    refused = cli("--target", tiny_server.target, "--glossary", str(bad), "hello")
+    assert refused.returncode == 4 and "repeats glossary[0]" in refused.stderr

@@ -172,8 +172,9 @@ class TextLayer:
         segments: list[str] = []
         waiting = []
         for u in units:
-            if not u.masked.translatable:
-                u.cands = [(u.masked.source, 0.0, [])]
+            if not u.masked.translatable:  # only spans: as they are (a glossary term as its target)
+                kept = restore(u.masked, u.masked.text, u.visible)[0]
+                u.cands = [(kept if kept is not None else u.masked.source, 0.0, [])]
                 u.note = SegmentNote("passed_through", u.start, u.end, "nothing to translate")
                 continue
             u.index = index.setdefault(u.masked.text, len(segments))
