@@ -19,7 +19,12 @@ from pathlib import Path
 
 from bench import evaluate
 
-REPORTS = {"torch": "eval.json", "fp32": "eval-fp32.json", "int8": "eval-int8.json"}
+REPORTS = {
+    "torch": "eval.json",
+    "fp32": "eval-fp32.json",
+    "int8": "eval-int8.json",
+    "service": "eval-service.json",  # fp32 through the text layer: what the service returns
+}
 
 
 def run_evaluations(args: argparse.Namespace) -> None:
@@ -34,6 +39,10 @@ def run_evaluations(args: argparse.Namespace) -> None:
             ["--bundle", str(args.bundle), "--variant", variant, *common, "--common", str(args.common),
              "--json", str(args.model / REPORTS[variant])]
         )  # fmt: skip
+    evaluate.main(
+        ["--bundle", str(args.bundle), "--variant", "fp32", "--text-layer", *common, "--common", str(args.common),
+         "--json", str(args.model / REPORTS["service"])]
+    )  # fmt: skip
 
 
 def _row(name: str, s: dict) -> str:
@@ -114,6 +123,13 @@ def render(args: argparse.Namespace) -> str:
     for variant in ("fp32", "int8"):
         if variant in reports:
             out.append(_row(f"ONNX engine, {variant}", reports[variant]["systems"]["model"]))
+    if "service" in reports:
+        out.append(
+            _row(
+                "**ONNX fp32 + text layer** (what the service returns)",
+                reports["service"]["systems"]["model"],
+            )
+        )
     if apertium:
         out.append(_row(f"Apertium ({apertium.get('version', apertium.get('pair'))})", apertium))
     out += [

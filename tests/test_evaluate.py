@@ -343,6 +343,8 @@ def test_model_card_is_rendered_from_the_evaluations(data_dir, tiny_checkpoint, 
     fp32 = json.loads((model / "eval-fp32.json").read_text(encoding="utf-8"))
     assert f"| {report['systems']['model']['bleu']:.2f} |" in card
     assert f"| {fp32['systems']['model']['chrf']:.2f} |" in card and "ONNX engine, fp32" in card
+    service = json.loads((model / "eval-service.json").read_text(encoding="utf-8"))
+    assert service["systems"]["model"]["text_layer"] is True and "what the service returns" in card
     assert "Test CPU, 2 cores" in card and "| 200 | 1 | 2.500 | 20.50 |" in card
     assert "train 3, valid 0 (0 novel), test 6 (4 novel)" in card
     # re-rendering from the kept reports gives the same card
