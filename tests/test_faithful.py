@@ -298,3 +298,28 @@ def test_sentinels_are_single_tokenizer_pieces():
     tok = Tokenizer(TOKENIZER)
     for i in range(19):
         assert len([p for p in tok.pieces(sentinel(i)) if p != "\u2581"]) == 1, sentinel(i)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(text=st.text(max_size=300), seed=st.integers(0, 10**6), glossary=st.booleans())
+def test_any_unicode_text_gets_a_translation_and_never_an_error(layer, text, seed, glossary):
+    rng = random.Random(seed)
+
+    def shuffling_model(segment: str, n: int) -> list[Hypothesis]:
+        chars = list(segment)
+        if rng.random() < 0.3:
+            rng.shuffle(chars)
+        return [Hypothesis("".join(chars), -1.0, [5]), Hypothesis(segment, -2.0, [6])][:n]
+
+    options = DecodingOptions(beam_size=2, num_hypotheses=2)
+    gloss = {"file": "archivo"} if glossary else None
+    step = layer.prepare([text], options, gloss)
+    for _ in range(2):
+        if not isinstance(step, Prepared):
+            break
+        step = layer.finish(step, [shuffling_model(s, step.options.num_hypotheses) for s in step.segments])
+    assert not isinstance(step, Prepared)
+    [hyps] = step
+    assert 1 <= len(hyps) <= 2 and all(isinstance(h.text, str) for h in hyps)
+    if not text.strip():
+        assert hyps[0].text == text
