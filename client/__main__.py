@@ -4,6 +4,7 @@
     python -m client < input.en > output.es                    # one translation per stdin line, in order
     python -m client --info                                    # model, languages, limits, defaults
     python -m client --glossary terms.tsv --keep Inkscape "Open the Inkscape preferences"
+    python -m client po po/app.pot -o po/es.po                 # fill a gettext catalog (see client.po)
 
 Before the first request the CLI waits up to --wait-s seconds (default 30) for the server to be ready
 (health SERVING: a server that is starting refuses connections, then answers NOT_SERVING while it
@@ -98,16 +99,44 @@ def explain(e: TranslatorError, target: str, wait_s: float = 0.0) -> tuple[int, 
     return EXIT_ERROR, f"translation failed: {c.name}: {e.details}"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m client", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+def client_from_args(args: argparse.Namespace) -> TranslatorClient:
+    """A client with the connection options every subcommand takes (target, timeout, retries, TLS, token)."""
+    return TranslatorClient(
+        args.target,
+        timeout=args.timeout,
+        retries=args.retries,
+        retry_resource_exhausted=True,
+        tls=args.tls,
+        ca_cert=args.ca_cert,
+        client_cert=args.cert,
+        client_key=args.key,
+        server_name=args.server_name,
+        token=args.token,
     )
-    p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to translate (default: stdin lines)")
+
+
+def add_connection_args(p: argparse.ArgumentParser) -> None:
+    """--target and the TLS / token options, shared by every subcommand."""
     p.add_argument(
         "--target",
         default=os.environ.get("TRANSLATOR_TARGET", DEFAULT_TARGET),
         help="server host:port [TRANSLATOR_TARGET] (default: %(default)s)",
     )
+    p.add_argument("--tls", action="store_true", help="use TLS with the system's root certificates")
+    p.add_argument("--ca-cert", help="PEM CA certificate(s) to verify the server (implies --tls)")
+    p.add_argument("--cert", help="PEM client certificate (mutual TLS)")
+    p.add_argument("--key", help="PEM client private key (mutual TLS)")
+    p.add_argument("--server-name", help="expected server name in its certificate (TLS)")
+    p.add_argument(
+        "--token", default=os.environ.get("TRANSLATOR_TOKEN"), help="bearer token [TRANSLATOR_TOKEN]"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m client", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to translate (default: stdin lines)")
     p.add_argument("--beam-size", type=int, default=0, help="beam width, 1 = greedy (default: model's)")
     p.add_argument("--num-hypotheses", type=int, default=0, help="n-best size (default: model's)")
     p.add_argument("--max-length", type=int, default=0, help="max generated tokens (default: from source)")
@@ -161,14 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--info", action="store_true", help="print the model, its limits and defaults, and exit")
-    p.add_argument("--tls", action="store_true", help="use TLS with the system's root certificates")
-    p.add_argument("--ca-cert", help="PEM CA certificate(s) to verify the server (implies --tls)")
-    p.add_argument("--cert", help="PEM client certificate (mutual TLS)")
-    p.add_argument("--key", help="PEM client private key (mutual TLS)")
-    p.add_argument("--server-name", help="expected server name in its certificate (TLS)")
-    p.add_argument(
-        "--token", default=os.environ.get("TRANSLATOR_TOKEN"), help="bearer token [TRANSLATOR_TOKEN]"
-    )
+    add_connection_args(p)
     return p
 
 
@@ -243,22 +265,17 @@ def format_info(info) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    lead = 2 if argv[:1] == ["--target"] else 1 if argv[:1] and argv[0].startswith("--target=") else 0
+    if argv[lead : lead + 1] == ["po"]:  # python -m client [--target T] po ...: gettext catalogs
+        from client.po import main as po_main
+
+        return po_main(argv[lead + 1 :] + argv[:lead])
     args = build_parser().parse_args(argv)
     if args.batch_size < 1 or args.parallel < 1 or args.wait_s < 0:
         print("error: --batch-size and --parallel must be >= 1, --wait-s >= 0", file=sys.stderr)
         return EXIT_USAGE
-    client = TranslatorClient(
-        args.target,
-        timeout=args.timeout,
-        retries=args.retries,
-        retry_resource_exhausted=True,
-        tls=args.tls,
-        ca_cert=args.ca_cert,
-        client_cert=args.cert,
-        client_key=args.key,
-        server_name=args.server_name,
-        token=args.token,
-    )
+    client = client_from_args(args)
     options = dict(
         beam_size=args.beam_size,
         num_hypotheses=args.num_hypotheses,

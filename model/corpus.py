@@ -35,6 +35,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from runtime.bundle import sha256_file
+from runtime.catalog import ACCELERATOR_MARKERS, CREDIT_MSGIDS
 from runtime.splits import escape_line, read_split, source_sentences, unescape_line  # noqa: F401 - re-exported
 from runtime.tokenizer import PLACEHOLDER_PATTERN
 
@@ -182,20 +183,8 @@ def align_help_pages(english: dict[str, str], spanish: dict[str, str]) -> Iterat
 # --------------------------------------------------------------------------------------------
 # Cleaning
 
-_ACCELERATOR_CHARS = "_&~"
-_CREDIT_MSGIDS = {
-    "translator-credits",
-    "translator_credits",
-    "translator credits",
-    "translators",
-    "your names",
-    "your emails",
-    "name of translators",
-    "email of translators",
-    "roles_of_translators",
-    "credit_for_translators",
-    "translated by",
-}
+_ACCELERATOR_CHARS = ACCELERATOR_MARKERS
+_CREDIT_MSGIDS = CREDIT_MSGIDS
 # Desktop-file keyword lists: "word;word;word;"
 _KEYWORD_LIST = re.compile(r"^[^;.!?]{1,40}(?:;[^;.!?]{0,40}){2,};?$")
 

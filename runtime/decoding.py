@@ -14,6 +14,10 @@ from dataclasses import dataclass
 MAX_LENGTH_RATIO = 1.5
 MAX_LENGTH_EXTRA = 10
 MAX_LENGTH_CAP = 256
+# Upper bounds that keep the scores finite for any sentence (((5 + 256) / 6) ** 10 is about 2e16; larger
+# alphas overflow a float, and one request would fail its whole batch).
+MAX_LENGTH_PENALTY = 10.0
+MAX_REPETITION_PENALTY = 10.0
 MAX_NO_REPEAT_NGRAM_SIZE = 16
 
 
@@ -91,8 +95,11 @@ def resolve_options(
         alpha = defaults.length_penalty
     else:
         alpha = float(length_penalty)
-        if not math.isfinite(alpha) or alpha < 0:
-            raise InvalidOptionsError(f"options.length_penalty must be a finite number >= 0, got {alpha}")
+        if not math.isfinite(alpha) or not 0 <= alpha <= MAX_LENGTH_PENALTY:
+            raise InvalidOptionsError(
+                f"options.length_penalty must be a number from 0 to {MAX_LENGTH_PENALTY:g} "
+                f"(GNMT alpha; 0.6-2 are usual), got {alpha}"
+            )
         alpha = round(alpha, 6)
     return DecodingOptions(
         beam_size=beam,
@@ -110,10 +117,10 @@ def resolve_options(
 
 def _repetition_penalty(value: float) -> float:
     penalty = float(value)
-    if not math.isfinite(penalty) or penalty < 1.0:
+    if not math.isfinite(penalty) or not 1.0 <= penalty <= MAX_REPETITION_PENALTY:
         raise InvalidOptionsError(
-            f"options.repetition_penalty must be a finite number >= 1.0 (1.0 = off, e.g. 1.2 to "
-            f"discourage repeated tokens), got {penalty}"
+            f"options.repetition_penalty must be a number from 1.0 to {MAX_REPETITION_PENALTY:g} (1.0 = off, "
+            f"e.g. 1.2 to discourage repeated tokens), got {penalty}"
         )
     return round(penalty, 6)
 

@@ -142,3 +142,16 @@ def test_grpc_gives_the_engine_result_with_notes_in_both_batching_modes(
             c.translate(["x"], glossary={"a": "b", "A": "c"})
         assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "repeats glossary[0]" in e.value.details
     assert server.sample("translator_text_segments_total", action="passed_through") >= 2
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["Open\ue000the file", "\ue000", "\ue002 x", "Open\x85the\x9bfile", "Save\ufffe", "Open the file\x00"],
+)
+def test_control_and_private_use_characters_come_back_as_themselves(engine, source):
+    # U+E000/U+E001 are the tokenizer's own newline/tab symbols: user text must never turn into them.
+    [hyps] = engine.translate_texts([source])
+    out = hyps[0].text
+    odd = [c for c in source if not c.isprintable() or 0xE000 <= ord(c) <= 0xF8FF or c == "\ufffe"]
+    assert [c for c in out if c in odd] == odd, out
+    assert "\n" not in out and "\t" not in out

@@ -221,7 +221,8 @@ def test_stream_with_many_items_and_flow_control(start_server, tiny_bundle, clie
         (["ok"], {"beam_size": 2, "num_hypotheses": 3}, "num_hypotheses=3 is larger than the beam size 2"),
         (["ok"], {"max_length": -5}, "max_length must be >= 0"),
         (["ok"], {"max_length": 100000}, "above the model's cap"),
-        (["ok"], {"length_penalty": -0.5}, "length_penalty must be a finite number >= 0"),
+        (["ok"], {"length_penalty": -0.5}, "length_penalty must be a number from 0 to 10"),
+        (["Hi"], {"beam_size": 4, "length_penalty": 1000.0}, "length_penalty must be a number from 0 to 10"),
     ],
 )
 def test_validation_errors(tiny_server, client_for, texts, options, expected):

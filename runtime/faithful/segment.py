@@ -17,11 +17,13 @@ import sentencex
 
 from runtime.faithful.spans import Span
 
-__all__ = ["MAX_TEXT_CHARS", "Piece", "segment", "split_to_fit"]
+__all__ = ["COLUMNS", "MAX_TEXT_CHARS", "Piece", "segment", "split_to_fit"]
 
 MAX_TEXT_CHARS = 20_000  # longest accepted text (a long help page); longer ones are refused
 
-_STRUCTURE = re.compile(r"[ \t]*(?:\r\n|\n|\r|\t)[ \t]*|\u2028|\u2029")
+_STRUCTURE = re.compile(r"[ \t]*(?:\r\n|\n|\r|\t| {2})[ \t]*|\u2028|\u2029")
+# Tabs and runs of spaces inside a line align columns (`--output=FILE   write to FILE`): structure.
+COLUMNS = re.compile(r"\t|\S {2,}\S")
 _BULLET = re.compile(r"[ \t]*(?:[-*\u2022\u2023\u25e6\u2043\u00b7+>]|\d{1,3}[.)]|[a-z][.)])[ \t]+(?=\S)")
 _CLAUSE = re.compile(r"[;:,\u2014\u2013)](?=\s)|\s[-\u2013\u2014]\s|\s(?=\()")
 

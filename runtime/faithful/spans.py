@@ -21,6 +21,7 @@ from runtime.tokenizer import PLACEHOLDER_PATTERN
 
 __all__ = [
     "KINDS",
+    "is_control_char",
     "MAX_GLOSSARY_ENTRIES",
     "Glossary",
     "InvalidGlossaryError",
@@ -48,6 +49,7 @@ KINDS = (
     "name",
     "number",
     "symbol",
+    "control",
     "foreign",
     "rare",
 )
@@ -190,6 +192,16 @@ def is_symbol_char(ch: str) -> bool:
     return cat == "Sk" and ord(ch) >= 0x1F3FB  # skin-tone modifiers
 
 
+@lru_cache(maxsize=4096)
+def is_control_char(ch: str) -> bool:
+    """Characters that are not text: control (but line breaks and tabs, which are structure), private
+    use (the tokenizer's own newline/tab symbols live there), unassigned, surrogates and zero-width format
+    characters (those that build emoji belong to their symbol)."""
+    if ch in "\n\t\r" or ch in "\u200d\ufe0f\ufe0e":
+        return False
+    return unicodedata.category(ch) in ("Cc", "Co", "Cn", "Cs", "Cf")
+
+
 def _runs(text: str, pred: Callable[[str], bool], kind: str, glue: str = "") -> list[Span]:
     """Maximal runs of characters satisfying `pred` (characters in `glue` join two runs)."""
     out, i, n = [], 0, len(text)
@@ -278,6 +290,7 @@ def find_spans(
                 found.append(Span(m.start(), m.end(), "name", m.group(0), m.group(0)))
     found += _matches(_NUMBER, text, "number")
     found += _runs(text, is_symbol_char, "symbol", glue=" ")
+    found += _runs(text, is_control_char, "control")
     # Foreign-script runs take the spaces and punctuation between their words along.
     found += _runs(text, is_foreign_char, "foreign", glue=" \u3000、。・ー,.!?！？「」")
     if rare_char is not None:
