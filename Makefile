@@ -104,7 +104,7 @@ keep-terms: data-check install
 
 # Decoding defaults, chosen on the valid split through the engine, written to $(MODEL)/decoding.json.
 tune-decoding: data-check install bundle
-	$(PY) -m bench.tune_decoding --model $(MODEL) --data $(DATA) --bundle $(BUNDLE)
+	$(PY) -m bench.tune_decoding --model $(MODEL) --data $(DATA) --bundle $(BUNDLE) --text-layer
 	$(MAKE) --no-print-directory bundle
 
 # The report goes to runs/eval.json (the model card's own reports, in $(MODEL)/, are make model-card's).

@@ -58,7 +58,8 @@ def score(backend: list[str], args: argparse.Namespace, out: Path, alpha: float,
     """One bench.evaluate run on the valid sample -> the numbers the choice and the report keep."""
     evaluate.main(
         [*backend, "--data", str(args.data), "--split", "valid", "--n", str(args.n),
-         "--beam", str(args.beam), "--length-penalty", str(alpha), "--examples", "0", "--json", str(out), *extra]
+         "--beam", str(args.beam), "--length-penalty", str(alpha), "--examples", "0", "--json", str(out), *extra,
+         *(["--text-layer"] if getattr(args, "text_layer", False) else [])]
     )  # fmt: skip
     model = json.loads(out.read_text())["systems"]["model"]
     return {
@@ -85,6 +86,11 @@ def main(argv: list[str] | None = None) -> None:
         type=Path,
         help="score through the serving engine (faster; needed to tune the guards) instead of torch",
     )
+    parser.add_argument(
+        "--text-layer",
+        action="store_true",
+        help="score through the engine's text layer, as the service translates (--bundle only)",
+    )
     parser.add_argument("--n", type=int, default=500, help="valid pairs to score")
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--alphas", type=float, nargs="+", default=list(ALPHAS))
@@ -100,6 +106,8 @@ def main(argv: list[str] | None = None) -> None:
         "--tolerance", type=float, default=0.2, help="BLEU within which the plainer setting wins"
     )
     args = parser.parse_args(argv)
+    if args.text_layer and not args.bundle:
+        parser.error("--text-layer needs --bundle (the text layer is the serving engine's)")
     if any(n < 0 for n in args.ngram_sizes) or any(p < 1.0 for p in args.repetition_penalties):
         parser.error("--ngram-sizes must be >= 0 and --repetition-penalties >= 1.0")
     backend = ["--bundle", str(args.bundle)] if args.bundle else ["--model", str(args.model)]
@@ -141,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     tuning: dict = {
         "split": "valid",
         "sample": f"{args.n} pairs, seed {evaluate.DEFAULT_SEED} (bench.evaluate --split valid)",
+        "text_layer": bool(args.text_layer),
         "rule": f"smallest alpha within {args.tolerance} BLEU of the best",
         "command": "python -m bench.tune_decoding " + " ".join(argv if argv is not None else sys.argv[1:]),
         "bleu_by_alpha": {str(a): r["bleu"] for a, r in rows.items()},
