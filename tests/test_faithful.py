@@ -323,3 +323,12 @@ def test_any_unicode_text_gets_a_translation_and_never_an_error(layer, text, see
     assert 1 <= len(hyps) <= 2 and all(isinstance(h.text, str) for h in hyps)
     if not text.strip():
         assert hyps[0].text == text
+
+
+def test_a_stuttering_hypothesis_goes_after_a_fluent_one(layer):
+    first = layer.prepare(["Mode"], DecodingOptions(beam_size=2, num_hypotheses=1))
+    [hyps] = layer.finish(first, [[Hypothesis("Modo de modo", -0.1, [5]), Hypothesis("Modo", -0.2, [6])]])
+    assert hyps[0].text == "Modo"
+    first = layer.prepare(["Bye bye"], DecodingOptions(beam_size=2, num_hypotheses=1))  # the source stutters
+    [hyps] = layer.finish(first, [[Hypothesis("Adiós adiós", -0.1, [5]), Hypothesis("Adiós", -0.2, [6])]])
+    assert hyps[0].text == "Adiós adiós"

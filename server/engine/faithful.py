@@ -19,6 +19,7 @@ See docs/service.md, "Faithful text".
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -242,6 +243,18 @@ def _structure(text: str) -> tuple[int, list[str]]:
     return sum(p.translate for p in pieces), [s for s in seps if s]
 
 
+# A word stuttered: "Guardar Guardar", "Modo de modo", "Siempre siempre" (3+ letters, again at once or
+# after one short word, any case).
+_STUTTER = re.compile(r"\b(\w{3,})\b(?:\W+\w{1,3})?\W+\1\b", re.IGNORECASE)
+
+
+def _fluent_first(source: str, cands: list[Candidate], n_best: int) -> list[Candidate]:
+    """The candidates with a stuttered word the source does not have last (stable), cut to n_best."""
+    if not _STUTTER.search(source):
+        cands = sorted(cands, key=lambda c: _STUTTER.search(c[0]) is not None)
+    return cands[:n_best]
+
+
 def _first_candidates(u: _Unit, hyps: list[Hypothesis], n_best: int) -> list[Candidate]:
     """The first-round outputs that keep every span (and, sent whole, the structure), best first."""
     want = _structure(u.masked.source) if u.whole else None
@@ -252,9 +265,7 @@ def _first_candidates(u: _Unit, hyps: list[Hypothesis], n_best: int) -> list[Can
             continue
         if text not in [c[0] for c in out]:
             out.append((text, h.score, h.tokens))
-        if len(out) >= n_best:
-            break
-    return out
+    return _fluent_first(u.masked.source, out, n_best)
 
 
 def _final_candidates(
@@ -274,8 +285,7 @@ def _final_candidates(
         used = j if used is None else used
         if text not in [c[0] for c in cands]:
             cands.append((text, h.score, h.tokens))
-        if len(cands) >= n_best:
-            break
+    cands = _fluent_first(m.source, cands, n_best)
     if used == 0:
         return cands, None
     if used is not None:
