@@ -240,11 +240,37 @@ class InFlightBatching:
         self._window = (start, count)
 
     def _engine_failed(self, e: Exception) -> None:
-        """The engine raised mid-batch: fail every running segment and start a fresh batch."""
-        log.exception("engine failed on the running batch (%d segments)", len(self.running))
-        self.queue.engine_error()
+        """The engine raised mid-batch: start a fresh batch and decode each request's running segments
+        again on their own (request-level, from scratch), so that only the request that fails alone fails
+        (fault isolation: one client must not fail the others)."""
         segs = [seg for seg, _ in self.running.values()]
         self.running.clear()
         self.load = EMPTY
-        self.queue.fail(segs, EngineFailure(f"translation failed: {e}"))
         self.batch = self.engine.running_batch()
+        by_job: dict = {}
+        for seg in segs:
+            by_job.setdefault(seg.job, []).append(seg)
+        log.warning(
+            "engine failed on the running batch (%d segments of %d requests: %s); retrying each alone",
+            len(segs),
+            len(by_job),
+            type(e).__name__,
+            extra={"fields": {"error": str(e)}},
+        )
+        q = self.queue
+        for job, job_segs in by_job.items():
+            now = time.monotonic()
+            if job.dead(now):
+                for seg in job_segs:
+                    q.deliver(seg, None, now)
+                continue
+            try:
+                outputs = self.engine.translate([s.text for s in job_segs], job.options)
+            except Exception as err:  # noqa: BLE001 - this request fails alone
+                log.exception("engine failed on request %s alone", job.request_id or "-")
+                q.engine_error()
+                q.fail(job_segs, EngineFailure(f"translation failed: {err}"))
+                continue
+            now = time.monotonic()
+            for seg, hyps in zip(job_segs, outputs, strict=True):
+                q.deliver(seg, hyps, now)

@@ -145,13 +145,14 @@ class RequestLevelBatching:
                 q.update_gauges()
                 return batch, []
 
-    def _run_batch(self, batch: list[Segment]) -> None:
+    def _run_batch(self, batch: list[Segment], retry: bool = False) -> None:
         q = self.queue
         jobs = [s.job for s in batch]
         options = jobs[0].options
         texts = [s.text for s in batch]
         start = time.monotonic()
-        q.dispatched(batch, start)
+        if not retry:
+            q.dispatched(batch, start)
 
         def cancelled() -> Sequence[bool]:
             now = time.monotonic()
@@ -164,8 +165,25 @@ class RequestLevelBatching:
         except Exception as e:
             elapsed = time.monotonic() - start
             refused = isinstance(e, REFUSALS)
+            by_job = {job: [s for s in batch if s.job is job] for job in dict.fromkeys(jobs)}
+            if not refused and len(by_job) > 1:
+                # Fault isolation: one request must not fail the others. Each request's segments are
+                # decoded again on their own; only the one that fails alone fails.
+                log.warning(
+                    "engine failed on a batch of %d requests (%s); retrying each alone",
+                    len(by_job),
+                    type(e).__name__,
+                    extra={"fields": {"error": str(e)}},
+                )
+                for segs in by_job.values():
+                    self._run_batch(segs, retry=True)
+                return
             if not refused:
-                log.exception("engine failed on a batch of %d segments", len(batch))
+                log.exception(
+                    "engine failed on a batch of %d segments",
+                    len(batch),
+                    extra={"fields": {"id": jobs[0].request_id}},
+                )
                 q.engine_error()
             error: SchedulerError = (
                 InvalidInput(str(e)) if refused else EngineFailure(f"translation failed: {e}")

@@ -1,0 +1,41 @@
+"""Fault isolation: a request that makes the engine fail fails alone; the requests batched with it (one
+request-level batch, or one running in-flight batch) are answered as if it had never been there."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from runtime.decoding import DecodingOptions
+from server.scheduler import EngineFailure
+from tests.fake_engine import FakeEngine
+from tests.test_scheduler import SOLO, TEXTS, job, make_scheduler, outcomes
+
+OPTIONS = DecodingOptions(beam_size=2, num_hypotheses=1, max_length=40, length_penalty=0.6)
+
+
+@pytest.mark.parametrize("mode", ["request", "inflight"])
+def test_a_failing_request_does_not_fail_its_batch_mates(mode):
+    fake = FakeEngine(step_s=0.002, fail_on="Print")
+    scheduler, metrics = make_scheduler(fake, mode=mode, max_wait_ms=100)
+    victims = [t for t in TEXTS if t != "Print"][:4]
+
+    async def main():
+        first = asyncio.ensure_future(scheduler.run(job(fake, victims[:2], OPTIONS)))
+        second = asyncio.ensure_future(scheduler.run(job(fake, victims[2:], OPTIONS)))
+        await asyncio.sleep(0.03)  # both queued (request-level: one batch) or running (in-flight)
+        culprit = asyncio.ensure_future(scheduler.run(job(fake, ["Print"], OPTIONS)))
+        return await asyncio.gather(first, second, culprit, return_exceptions=True)
+
+    try:
+        first, second, culprit = asyncio.run(main())
+    finally:
+        scheduler.stop(10)
+    assert isinstance(culprit, EngineFailure) and "fake engine failure" in str(culprit)
+    assert first.results == [SOLO.translate([t], OPTIONS)[0] for t in victims[:2]]
+    assert second.results == [SOLO.translate([t], OPTIONS)[0] for t in victims[2:]]
+    assert any("Print" in texts for texts, _ in fake.batches) or mode == "inflight"
+    assert outcomes(metrics)["failed"] == 1 and outcomes(metrics)["translated"] == 4
+    errors = {s.name: s.value for m in metrics.registry.collect() for s in m.samples}
+    assert errors["translator_engine_errors_total"] == 1
