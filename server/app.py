@@ -24,12 +24,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2 as reflection_alpha_pb2
 
-from proto.gen.translator.v1 import translator_pb2_grpc as pb_grpc
 from server.auth import BearerTokenInterceptor
 from server.config import ServerConfig
 from server.metrics import Metrics
 from server.scheduler import Scheduler
-from server.service import SERVICE_NAME, Backend, TranslatorService
+from server.service import SERVICE_NAME, Backend, TranslatorService, add_to_server
 from server.store import resolve_bundle
 
 log = logging.getLogger("server")
@@ -146,7 +145,7 @@ class TranslatorServer:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        pb_grpc.add_TranslatorServicer_to_server(self.service, self.server)
+        add_to_server(self.service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         enable_reflection(
             self.server, (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)

@@ -1,7 +1,8 @@
 """gRPC transport: Translator handlers, request validation and status codes.
 
-Handlers never touch ONNX: they validate, hand segments to the scheduler and turn results and errors
-into protobuf messages and gRPC status codes.
+Handlers never touch ONNX: they turn protobuf requests into calls of the shared translation path
+(server/translate.py: validation, text layer, scheduler; the HTTP transport calls it too) and its
+results and errors into protobuf messages and gRPC status codes.
 """
 
 from __future__ import annotations
@@ -11,27 +12,19 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
 
 from proto.gen.translator.v1 import translator_pb2 as pb
 from proto.gen.translator.v1 import translator_pb2_grpc as pb_grpc
-from runtime import decoding
 from runtime.faithful.segment import MAX_TEXT_CHARS
-from runtime.faithful.spans import MAX_GLOSSARY_ENTRIES, InvalidGlossaryError, make_glossary
-from server.contract import DecodingOptions, Hypothesis, InvalidOptionsError, Prepared, TranslationEngine
+from runtime.faithful.spans import MAX_GLOSSARY_ENTRIES
+from server import translate as core
+from server.contract import DecodingOptions, Hypothesis
 from server.metrics import Metrics
-from server.scheduler import (
-    EngineFailure,
-    InvalidInput,
-    Job,
-    QueueFullError,
-    RequestCancelled,
-    Scheduler,
-    SchedulerStopped,
-)
+from server.translate import Backend, Failure, OptionRequest, TranslationCore
 
 log = logging.getLogger("server.requests")
 
@@ -54,59 +47,84 @@ def invalid(message: str) -> RpcFailure:
     return RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
-@dataclass
-class Backend:
-    """What the handlers need once the model is loaded."""
+@dataclass(frozen=True)
+class Undecodable:
+    """A request message whose bytes are not a valid protobuf of its type (answered INVALID_ARGUMENT,
+    without the traceback and UNKNOWN that grpcio gives a raising deserializer)."""
 
-    engine: TranslationEngine
-    scheduler: Scheduler
-    variant: str
-    batching: bool
-    batching_mode: str  # off | request | inflight: the scheduler's mode in effect (after any fallback)
+    message_type: str
+    error: str
 
-
-# ---- validation ----------------------------------------------------------------------------------
-
-
-def resolve_options(opts: pb.DecodingOptions, engine: TranslationEngine) -> tuple[DecodingOptions, bool]:
-    """Proto options -> (DecodingOptions with the bundle's defaults filled in, return_scores);
-    validated by runtime.decoding.resolve_options, the one place option rules live."""
-    try:
-        options = decoding.resolve_options(
-            engine.default_options,
-            max_beam_size=engine.max_beam_size,
-            max_length_cap=engine.max_length_cap,
-            beam_size=opts.beam_size,
-            num_hypotheses=opts.num_hypotheses,
-            max_length=opts.max_length,
-            length_penalty=opts.length_penalty if opts.HasField("length_penalty") else None,
-            repetition_penalty=opts.repetition_penalty if opts.HasField("repetition_penalty") else None,
-            no_repeat_ngram_size=(
-                opts.no_repeat_ngram_size if opts.HasField("no_repeat_ngram_size") else None
-            ),
-        )
-    except InvalidOptionsError as e:
-        raise invalid(str(e)) from e
-    return options, bool(opts.return_scores)
-
-
-def validate_texts(texts: Sequence[str], max_texts: int) -> None:
-    """Check the text count (lengths are the text layer's: Engine.prepare)."""
-    if not texts:
-        raise invalid("texts is empty: send at least one text to translate")
-    if len(texts) > max_texts:
-        raise invalid(
-            f"too many texts: {len(texts)} in one request, the limit is {max_texts}; "
-            "split them over several requests"
+    def failure(self) -> RpcFailure:
+        return invalid(
+            f"the request is not a valid {self.message_type} protobuf ({self.error}); "
+            "send a message built from proto/translator/v1/translator.proto"
         )
 
 
-def glossary_of(entries: Sequence[pb.GlossaryEntry]) -> dict[str, str]:
-    """Proto glossary -> {term: target or "" (keep)}, validated by runtime.faithful.spans.make_glossary."""
-    try:
-        return make_glossary([(e.source, e.target) for e in entries])
-    except InvalidGlossaryError as e:
-        raise invalid(str(e)) from e
+def _lenient(message: type) -> Callable[[bytes], object]:
+    def parse(data: bytes) -> object:
+        try:
+            return message.FromString(data)
+        except Exception as e:  # noqa: BLE001 - protobuf raises DecodeError, RuntimeWarning, ...
+            return Undecodable(message.DESCRIPTOR.full_name, str(e) or type(e).__name__)
+
+    return parse
+
+
+def add_to_server(servicer: TranslatorService, server: grpc.aio.Server) -> None:
+    """Register the service like the generated add_TranslatorServicer_to_server, with request parsers
+    that turn undecodable bytes into an Undecodable the handlers answer with INVALID_ARGUMENT."""
+    handlers = {
+        "Translate": grpc.unary_unary_rpc_method_handler(
+            servicer.Translate,
+            request_deserializer=_lenient(pb.TranslateRequest),
+            response_serializer=pb.TranslateResponse.SerializeToString,
+        ),
+        "TranslateStream": grpc.stream_stream_rpc_method_handler(
+            servicer.TranslateStream,
+            request_deserializer=_lenient(pb.TranslateStreamRequest),
+            response_serializer=pb.TranslateStreamResponse.SerializeToString,
+        ),
+        "GetModelInfo": grpc.unary_unary_rpc_method_handler(
+            servicer.GetModelInfo,
+            request_deserializer=_lenient(pb.GetModelInfoRequest),
+            response_serializer=pb.GetModelInfoResponse.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
+# The shared path's failure kinds (server/translate.py) as gRPC status codes.
+CODES = {
+    core.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+    core.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    core.DEADLINE: grpc.StatusCode.DEADLINE_EXCEEDED,
+    core.CANCELLED: grpc.StatusCode.CANCELLED,
+    core.INTERNAL: grpc.StatusCode.INTERNAL,
+    core.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def rpc_failure(f: Failure) -> RpcFailure:
+    trailers = [(RETRY_AFTER_KEY, str(f.retry_after_ms))] if f.kind == core.OVERLOADED else []
+    return RpcFailure(CODES[f.kind], f.message, trailers)
+
+
+# ---- proto <-> shared path -----------------------------------------------------------------------
+
+
+def option_request(opts: pb.DecodingOptions) -> OptionRequest:
+    """Proto options -> the shared path's request (validated there, by runtime.decoding)."""
+    return OptionRequest(
+        beam_size=opts.beam_size,
+        num_hypotheses=opts.num_hypotheses,
+        max_length=opts.max_length,
+        length_penalty=opts.length_penalty if opts.HasField("length_penalty") else None,
+        repetition_penalty=opts.repetition_penalty if opts.HasField("repetition_penalty") else None,
+        no_repeat_ngram_size=opts.no_repeat_ngram_size if opts.HasField("no_repeat_ngram_size") else None,
+    )
 
 
 _ACTIONS = {
@@ -184,19 +202,41 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         max_message_bytes: int,
         max_stream_inflight: int,
         max_queue_segments: int = 1024,
+        translation: TranslationCore | None = None,
     ) -> None:
         self.metrics = metrics
-        self.max_texts = max_texts
-        self.max_queue_segments = max_queue_segments
+        self.core = translation or TranslationCore(
+            metrics, max_texts=max_texts, max_queue_segments=max_queue_segments
+        )
         self.max_message_bytes = max_message_bytes
         self.max_stream_inflight = max_stream_inflight
-        self.backend: Backend | None = None
-        self.unavailable_reason = "the model is loading; retry shortly"
+
+    # The loaded model and why there is none live in the shared core (the HTTP transport reads them too).
+    @property
+    def backend(self) -> Backend | None:
+        return self.core.backend
+
+    @backend.setter
+    def backend(self, value: Backend | None) -> None:
+        self.core.backend = value
+
+    @property
+    def unavailable_reason(self) -> str:
+        return self.core.unavailable_reason
+
+    @unavailable_reason.setter
+    def unavailable_reason(self, value: str) -> None:
+        self.core.unavailable_reason = value
+
+    @property
+    def max_texts(self) -> int:
+        return self.core.max_texts
 
     def _backend(self) -> Backend:
-        if self.backend is None:
-            raise RpcFailure(grpc.StatusCode.UNAVAILABLE, self.unavailable_reason)
-        return self.backend
+        try:
+            return self.core.require_backend()
+        except Failure as f:
+            raise rpc_failure(f) from None
 
     async def _translate(
         self,
@@ -207,67 +247,19 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         request_id: str,
         stats: dict,
     ) -> list[pb.Translation]:
-        """Validate, run the text layer and the scheduler, convert; raises RpcFailure."""
-        backend = self._backend()
-        engine = backend.engine
-        validate_texts(texts, self.max_texts)
-        engine_options, return_scores = resolve_options(options, engine)
-        terms = glossary_of(glossary)
+        """The shared path (server/translate.py) with proto in and out; raises RpcFailure."""
         try:
-            prepared = engine.prepare(list(texts), engine_options, terms)
-        except ValueError as e:  # InputTooLongError: a text over max_text_chars
-            raise invalid(str(e)) from None
-        stats["texts"] = len(texts)
-        stats["segments"] = stats["input_tokens"] = stats["output_tokens"] = 0
-        stats["queue_ms"] = stats["decode_ms"] = 0.0
-        step: Prepared | list[list[Hypothesis]] = prepared
-        while isinstance(step, Prepared):  # the text layer's rounds (a second one re-translates)
-            job = await self._run(backend, step, deadline, request_id, stats)
-            step = engine.finish(step, job.results)
-        results = step
-        for hyps in results:
-            for note in hyps[0].notes:
-                self.metrics.text_segments.labels(action=note.action).inc()
-        return to_translations(results, return_scores)
-
-    async def _run(
-        self, backend: Backend, prepared: Prepared, deadline: float | None, request_id: str, stats: dict
-    ) -> Job:
-        """One round of segments through the scheduler; raises RpcFailure."""
-        stats["segments"] += len(prepared.segments)
-        stats["input_tokens"] += sum(prepared.token_counts)
-        if len(prepared.segments) > self.max_queue_segments:
-            raise invalid(
-                f"these texts make {len(prepared.segments)} segments, more than the queue holds "
-                f"({self.max_queue_segments}); send them over several requests"
+            results = await self.core.translate(
+                texts,
+                option_request(options),
+                [(e.source, e.target) for e in glossary],
+                deadline,
+                request_id,
+                stats,
             )
-        job = Job(
-            prepared.segments,
-            prepared.token_counts,
-            prepared.options,
-            deadline=deadline,
-            request_id=request_id,
-        )
-        try:
-            await backend.scheduler.run(job)
-        except QueueFullError as e:
-            raise RpcFailure(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), [(RETRY_AFTER_KEY, str(e.retry_after_ms))]
-            ) from None
-        except RequestCancelled as e:
-            code = grpc.StatusCode.DEADLINE_EXCEEDED if e.reason == "deadline" else grpc.StatusCode.CANCELLED
-            raise RpcFailure(code, str(e)) from None
-        except InvalidInput as e:
-            raise invalid(str(e)) from None
-        except EngineFailure as e:
-            raise RpcFailure(grpc.StatusCode.INTERNAL, str(e)) from None
-        except SchedulerStopped as e:
-            raise RpcFailure(grpc.StatusCode.UNAVAILABLE, str(e)) from None
-        finally:
-            stats["queue_ms"] = round(stats["queue_ms"] + job.queue_s * 1000, 2)
-            stats["decode_ms"] = round(stats["decode_ms"] + job.decode_s * 1000, 2)
-        stats["output_tokens"] += job.output_tokens
-        return job
+        except Failure as f:
+            raise rpc_failure(f) from None
+        return to_translations(results, bool(options.return_scores))
 
     def _record(
         self,
@@ -283,9 +275,9 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         if item:
             self.metrics.stream_items.labels(code=_code_name(code)).inc()
         else:
-            self.metrics.requests.labels(rpc=rpc, code=_code_name(code)).inc()
+            self.metrics.requests.labels(rpc=rpc, code=_code_name(code), transport="grpc").inc()
         if rpc in ("Translate", "TranslateStream"):
-            self.metrics.request_latency.labels(rpc=rpc).observe(elapsed)
+            self.metrics.request_latency.labels(rpc=rpc, transport="grpc").observe(elapsed)
         fields = {"id": request_id, "rpc": rpc, "status": _code_name(code), "ms": round(elapsed * 1000, 2)}
         fields.update(stats)
         if message and code != grpc.StatusCode.OK:
@@ -295,6 +287,10 @@ class TranslatorService(pb_grpc.TranslatorServicer):
     async def Translate(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext):
         start = time.monotonic()
         request_id = _request_id(context)
+        if isinstance(request, Undecodable):
+            f = request.failure()
+            self._record("Translate", request_id, f.code, start, {}, f.message)
+            await context.abort(f.code, f.message)
         stats: dict = {"segments": len(request.texts)}
         self.metrics.in_flight.inc()
         try:
@@ -322,6 +318,10 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         self, req: pb.TranslateStreamRequest, context: grpc.aio.ServicerContext, call_id: str
     ) -> pb.TranslateStreamResponse:
         start = time.monotonic()
+        if isinstance(req, Undecodable):  # answered in the stream; the call goes on
+            f = req.failure()
+            self._record("TranslateStream", "-", f.code, start, {"call": call_id}, f.message, item=True)
+            return pb.TranslateStreamResponse(status=pb.ItemStatus(code=f.code.value[0], message=f.message))
         stats: dict = {"segments": len(req.texts), "call": call_id}
         item_id = req.request_id or "-"
         if req.timeout_ms < 0:
@@ -417,7 +417,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                 task.cancel()
             with contextlib.suppress(BaseException):
                 await asyncio.gather(reader_task, *list(tasks), return_exceptions=True)
-            self.metrics.requests.labels(rpc="TranslateStream", code=_code_name(code)).inc()
+            self.metrics.requests.labels(rpc="TranslateStream", code=_code_name(code), transport="grpc").inc()
             fields = {
                 "id": call_id,
                 "rpc": "TranslateStream",

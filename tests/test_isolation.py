@@ -39,3 +39,30 @@ def test_a_failing_request_does_not_fail_its_batch_mates(mode):
     assert outcomes(metrics)["failed"] == 1 and outcomes(metrics)["translated"] == 4
     errors = {s.name: s.value for m in metrics.registry.collect() for s in m.samples}
     assert errors["translator_engine_errors_total"] == 1
+
+
+def test_undecodable_bytes_get_invalid_argument_and_the_server_serves_on(tiny_server, client_for):
+    import grpc
+
+    with grpc.insecure_channel(tiny_server.target) as channel:
+        raw = channel.unary_unary(
+            "/translator.v1.Translator/Translate", request_serializer=None, response_deserializer=None
+        )
+        for payload in (b"\xff\xff\xff\xff", b"\x0a\x02\xff\xfe", b"\x12\x05\x08"):
+            with pytest.raises(grpc.RpcError) as e:
+                raw(payload, timeout=10)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+            assert "not a valid translator.v1.TranslateRequest protobuf" in e.value.details()
+        stream = channel.stream_stream(
+            "/translator.v1.Translator/TranslateStream", request_serializer=None, response_deserializer=None
+        )
+        from proto.gen.translator.v1 import translator_pb2 as pb
+
+        good = pb.TranslateStreamRequest(request_id="ok", texts=["Open"]).SerializeToString()
+        answers = [
+            pb.TranslateStreamResponse.FromString(r) for r in stream(iter([b"\xff\xff", good]), timeout=30)
+        ]
+    by_id = {a.request_id: a for a in answers}
+    assert by_id[""].status.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert by_id["ok"].status.code == 0 and by_id["ok"].translations
+    assert client_for(tiny_server, retries=0).translate(["Open the file"], max_length=5)[0].text
