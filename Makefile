@@ -9,7 +9,7 @@ DATA ?= data
 # The tokenizer `make train` trains with: the shipped one unless told (see `make tokenizer`).
 TOKENIZER ?= $(MODEL)/tokenizer.model
 
-.PHONY: help install system-deps run serve bundle corpus data-check tokenizer train release keep-terms tune-decoding evaluate model-card bench bench-batching proto lint test clean
+.PHONY: help install system-deps run serve bundle corpus data-check tokenizer train release keep-terms tune-decoding evaluate model-card bench bench-batching proto lint test fuzz clean
 
 # Every target, one line each (tests/test_cli.py checks that none is missing).
 help:
@@ -21,6 +21,7 @@ help:
 	@echo "  make system-deps     apt-get install prometheus, apertium, nginx, docker-compose (tests, evaluate; root)"
 	@echo "Develop:"
 	@echo "  make test            lint + the whole test suite"
+	@echo "  make fuzz            10,000 fuzzed requests against the shipped model (FUZZ_EXAMPLES=N)"
 	@echo "  make lint            ruff check ."
 	@echo "  make proto           regenerate proto/gen/ from proto/translator/v1/translator.proto"
 	@echo "  make clean           DELETE .venv/ and bundles/ (the next make run reinstalls and re-exports) and caches"
@@ -136,6 +137,11 @@ lint: install
 
 test: install system-deps lint
 	$(PY) -m pytest -q
+
+# The request-path fuzzer of the test suite, long: never INTERNAL/UNKNOWN, a well-formed client unaffected.
+FUZZ_EXAMPLES ?= 10000
+fuzz: install bundle
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider tests/test_fuzz.py
 
 # Deletes the virtual environment and every exported bundle (not data/, runs/ or models/).
 clean:

@@ -1,0 +1,129 @@
+"""Fuzzing the request path against a real server with the shipped model (hypothesis): any text of any
+Unicode category and any option values get OK or a clear client error, never INTERNAL or UNKNOWN; the
+server keeps serving, and a well-formed client running alongside gets exactly its quiet-run answers.
+
+    make fuzz                                   # FUZZ_EXAMPLES=10000 by default
+    FUZZ_EXAMPLES=200 python -m pytest tests/test_fuzz.py
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proto.gen.translator.v1 import translator_pb2 as pb
+from proto.gen.translator.v1 import translator_pb2_grpc as pb_grpc
+
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "60"))
+# Answers a client can get for what it sent; anything else (INTERNAL, UNKNOWN) is a server defect.
+CLIENT_CODES = {
+    grpc.StatusCode.OK,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+VICTIM_TEXTS = ["Open the file", "Delete %1 selected images?", "Could not save the document %s."]
+
+texts = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs",)),  # protobuf strings are UTF-8: no lone surrogates
+    max_size=120,
+)
+floats = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True, width=32),
+    st.sampled_from([0.0, 0.6, 1.0, 10.0, 10.01, 650.0, 1e30, -1.0]),
+)
+
+
+@st.composite
+def requests(draw) -> pb.TranslateRequest:
+    options = pb.DecodingOptions(
+        beam_size=draw(st.integers(-3, 12)),
+        num_hypotheses=draw(st.integers(-2, 10)),
+        max_length=draw(st.sampled_from([0, 0, 0, 1, 5, 40, 256, 257, -1, 100_000])),
+        return_scores=draw(st.booleans()),
+    )
+    if draw(st.booleans()):
+        options.length_penalty = draw(floats)
+    if draw(st.booleans()):
+        options.repetition_penalty = draw(floats)
+    if draw(st.booleans()):
+        options.no_repeat_ngram_size = draw(st.integers(-2, 20))
+    glossary = [
+        pb.GlossaryEntry(source=s, target=t) for s, t in draw(st.lists(st.tuples(texts, texts), max_size=3))
+    ]
+    return pb.TranslateRequest(
+        texts=draw(st.lists(texts, min_size=0, max_size=4)), options=options, glossary=glossary
+    )
+
+
+class Victim(threading.Thread):
+    """A well-formed client sending the same texts over and over while the fuzzer runs."""
+
+    def __init__(self, stub: pb_grpc.TranslatorStub, want: list[str]) -> None:
+        super().__init__(daemon=True)
+        self.stub, self.want = stub, want
+        self.stop = threading.Event()
+        self.answers: list[list[str] | str] = []
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                r = self.stub.Translate(pb.TranslateRequest(texts=VICTIM_TEXTS), timeout=60)
+                self.answers.append([t.hypotheses[0].text for t in r.translations])
+            except grpc.RpcError as e:
+                self.answers.append(f"{e.code().name}: {e.details()}")
+
+
+@pytest.fixture(scope="module")
+def stub(shipped_server):
+    channel = grpc.insecure_channel(shipped_server.target)
+    yield pb_grpc.TranslatorStub(channel)
+    channel.close()
+
+
+def test_fuzzed_requests_never_break_the_server_or_a_well_formed_client(stub):
+    quiet = [
+        t.hypotheses[0].text for t in stub.Translate(pb.TranslateRequest(texts=VICTIM_TEXTS)).translations
+    ]
+    victim = Victim(stub, quiet)
+    victim.start()
+    seen: dict[str, int] = {}
+
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        derandomize=EXAMPLES <= 200,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(request=requests())
+    def fuzz(request: pb.TranslateRequest) -> None:
+        try:
+            response = stub.Translate(request, timeout=30)
+            code = grpc.StatusCode.OK
+            assert len(response.translations) == len(request.texts)
+            for text, t in zip(request.texts, response.translations, strict=True):
+                assert t.hypotheses, text
+                if not text.strip():
+                    assert t.hypotheses[0].text == text
+        except grpc.RpcError as e:
+            code = e.code()
+            assert code in CLIENT_CODES, (code, e.details(), request)
+            assert e.details(), code
+        seen[code.name] = seen.get(code.name, 0) + 1
+
+    try:
+        fuzz()
+    finally:
+        victim.stop.set()
+        victim.join(120)
+    assert victim.answers and all(a == quiet for a in victim.answers), victim.answers[:3]
+    assert seen.get("OK", 0) > 0 and seen.get("INVALID_ARGUMENT", 0) > 0, seen
+    again = [
+        t.hypotheses[0].text for t in stub.Translate(pb.TranslateRequest(texts=VICTIM_TEXTS)).translations
+    ]
+    assert again == quiet
