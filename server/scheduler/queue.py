@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -40,7 +41,9 @@ class SegmentQueue:
         self.cond = threading.Condition()
         self.stopping = False
         self._seq = itertools.count()
-        self._segments_per_s = 0.0  # EMA of engine throughput, for retry hints
+        self._segments_per_s = 0.0  # time-weighted average of engine throughput, for retry hints
+        self._rate_at = 0.0
+        self._hint = (0.0, 0.0)  # (last hint in ms, when)
 
     def __len__(self) -> int:
         return len(self.segments)
@@ -82,15 +85,34 @@ class SegmentQueue:
 
     # ---- bookkeeping (any thread) -----------------------------------------------------------------
 
+    # Retry hints: the queued segments over the engine's measured throughput, from a time-weighted
+    # average (an old load's rate fades within seconds), bounded, and smoothed so that the hint does not
+    # swing from one refusal to the next. Before any measurement: RETRY_COLD_MS per queued segment.
+    RATE_TAU_S = 3.0
+    HINT_TAU_S = 1.0
+    RETRY_MIN_MS, RETRY_MAX_MS, RETRY_COLD_MS = 100, 10_000, 50
+
     def retry_after_ms(self) -> int:
+        now = time.monotonic()
         rate = self._segments_per_s
-        if rate <= 0:
-            return 1000
-        return int(min(30_000, max(100, 1000 * len(self.segments) / rate)))
+        raw = 1000 * len(self.segments) / rate if rate > 0 else self.RETRY_COLD_MS * len(self.segments)
+        raw = min(self.RETRY_MAX_MS, max(self.RETRY_MIN_MS, raw))
+        last, at = self._hint
+        if last:
+            w = 1 - math.exp(-(now - at) / self.HINT_TAU_S)
+            raw = last + w * (raw - last)
+        self._hint = (raw, now)
+        return int(raw)
 
     def note_rate(self, rate: float) -> None:
-        """Fold a measured engine throughput (segments/s) into the EMA behind retry hints."""
-        self._segments_per_s = rate if self._segments_per_s == 0 else 0.8 * self._segments_per_s + 0.2 * rate
+        """Fold a measured engine throughput (segments/s) into the time-weighted average behind hints."""
+        now = time.monotonic()
+        if self._segments_per_s == 0:
+            self._segments_per_s = rate
+        else:
+            w = 1 - math.exp(-(now - self._rate_at) / self.RATE_TAU_S)
+            self._segments_per_s += max(w, 0.2) * (rate - self._segments_per_s)
+        self._rate_at = now
 
     def update_gauges(self) -> None:
         if self.metrics is not None:
