@@ -9,7 +9,7 @@ DATA ?= data
 # The tokenizer `make train` trains with: the shipped one unless told (see `make tokenizer`).
 TOKENIZER ?= $(MODEL)/tokenizer.model
 
-.PHONY: help install system-deps run serve bundle corpus data-check tokenizer train release keep-terms tune-decoding evaluate model-card bench bench-batching proto lint test fuzz clean
+.PHONY: help install system-deps run serve bundle corpus data-check tokenizer train release keep-terms tune-decoding evaluate model-card bench bench-batching proto lint test fuzz soak clean
 
 # Every target, one line each (tests/test_cli.py checks that none is missing).
 help:
@@ -22,6 +22,7 @@ help:
 	@echo "Develop:"
 	@echo "  make test            lint + the whole test suite"
 	@echo "  make fuzz            10,000 fuzzed requests against the shipped model (FUZZ_EXAMPLES=N)"
+	@echo "  make soak            30 min at half the measured saturation: errors, latency, RSS (SOAK_MINUTES=5)"
 	@echo "  make lint            ruff check ."
 	@echo "  make proto           regenerate proto/gen/ from proto/translator/v1/translator.proto"
 	@echo "  make clean           DELETE .venv/ and bundles/ (the next make run reinstalls and re-exports) and caches"
@@ -142,6 +143,11 @@ test: install system-deps lint
 FUZZ_EXAMPLES ?= 10000
 fuzz: install bundle
 	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider tests/test_fuzz.py
+
+# A real server at half its measured saturation: errors, p50/p95 first vs last minute, RSS trend.
+SOAK_MINUTES ?= 30
+soak: install bundle
+	$(PY) -m bench.soak --minutes $(SOAK_MINUTES) --bundle $(BUNDLE) --json runs/soak.json
 
 # Deletes the virtual environment and every exported bundle (not data/, runs/ or models/).
 clean:
