@@ -92,7 +92,7 @@ ENV TRANSLATOR_MODEL_DIR=/opt/translator/bundles/${MODEL_NAME} \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 WORKDIR /opt/translator
 USER 10001:10001
-EXPOSE 50051 8000
+EXPOSE 50051 5000 8000
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \
     CMD ["python", "/opt/translator/healthcheck.py", "--quiet"]
 STOPSIGNAL SIGTERM
@@ -130,7 +130,7 @@ ENV TRANSLATOR_MODEL_DIR=/opt/translator/bundles/${MODEL_NAME} \
     TRANSLATOR_DEVICE=cpu
 WORKDIR /opt/translator
 USER 10001:10001
-EXPOSE 50051 8000
+EXPOSE 50051 5000 8000
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "/opt/translator/healthcheck.py", "--quiet"]
 STOPSIGNAL SIGTERM

@@ -9,20 +9,21 @@ DATA ?= data
 # The tokenizer `make train` trains with: the shipped one unless told (see `make tokenizer`).
 TOKENIZER ?= $(MODEL)/tokenizer.model
 
-.PHONY: help install system-deps run serve bundle corpus data-check tokenizer train release keep-terms tune-decoding evaluate model-card bench bench-batching proto lint test fuzz soak clean
+.PHONY: help install system-deps run serve bundle corpus data-check tokenizer train release keep-terms tune-decoding evaluate model-card bench bench-batching proto lint test fuzz soak mutation clean
 
 # Every target, one line each (tests/test_cli.py checks that none is missing).
 help:
 	@echo "Serve and use:"
-	@echo "  make run             serve the shipped English->Spanish model over gRPC on :50051, metrics on :8000"
+	@echo "  make run             serve the shipped English->Spanish model: gRPC :50051, HTTP + web page :5000, metrics :8000"
 	@echo "                       (installs .venv and exports $(BUNDLE)/ on first use); make serve is the same"
 	@echo "  make bundle          export $(MODEL) to the ONNX bundle $(BUNDLE)/ (only when the model changed)"
 	@echo "  make install         create .venv/ with the package and its train + dev extras (pyproject.toml)"
-	@echo "  make system-deps     apt-get install prometheus, apertium, nginx, docker-compose (tests, evaluate; root)"
+	@echo "  make system-deps     apt-get install prometheus, apertium, nginx, docker-compose, gettext, chromium (tests; root)"
 	@echo "Develop:"
 	@echo "  make test            lint + the whole test suite"
 	@echo "  make fuzz            10,000 fuzzed requests against the shipped model (FUZZ_EXAMPLES=N)"
 	@echo "  make soak            30 min at half the measured saturation: errors, latency, RSS (SOAK_MINUTES=5)"
+	@echo "  make mutation        mutation testing (mutmut) of server/ with its fast tests; slow: MUTATE='server.service*'"
 	@echo "  make lint            ruff check ."
 	@echo "  make proto           regenerate proto/gen/ from proto/translator/v1/translator.proto"
 	@echo "  make clean           DELETE .venv/ and bundles/ (the next make run reinstalls and re-exports) and caches"
@@ -60,9 +61,10 @@ install: $(VENV)/.installed
 # an engine).
 system-deps:
 	@command -v promtool >/dev/null && command -v apertium >/dev/null && command -v nginx >/dev/null \
-	  && command -v docker-compose >/dev/null || { \
+	  && command -v docker-compose >/dev/null && command -v msgfmt >/dev/null \
+	  && command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	    prometheus apertium apertium-eng-spa nginx docker-compose >/dev/null; }
+	    prometheus apertium apertium-eng-spa nginx docker-compose gettext chromium chromium-driver >/dev/null; }
 
 $(BUNDLE)/manifest.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(MODEL)/tokenizer.model $(MODEL)/decoding.json $(wildcard $(MODEL)/keep_terms.txt $(MODEL)/source_words.txt) | install
 	$(PY) -m export --checkpoint $(MODEL) --out $(BUNDLE)
@@ -70,11 +72,12 @@ $(BUNDLE)/manifest.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(MODEL
 bundle: $(BUNDLE)/manifest.json
 
 # TRANSLATOR_MODEL_DIR, TRANSLATOR_HOST, TRANSLATOR_PORT, TRANSLATOR_METRICS_PORT (and the other
-# TRANSLATOR_* variables) are read by the server itself. The server serves bundles only and never
+# TRANSLATOR_* variables) are read by the server itself; `make run` turns the HTTP API and web page on
+# at :5000 unless TRANSLATOR_HTTP_PORT says otherwise (0 = off). The server serves bundles only and never
 # exports (server/store.py), so without TRANSLATOR_MODEL_DIR the bundle is (re-)exported here first.
 run serve: install
 	@if [ -z "$$TRANSLATOR_MODEL_DIR" ]; then $(MAKE) --no-print-directory bundle; fi
-	$(PY) -m server
+	TRANSLATOR_HTTP_PORT=$${TRANSLATOR_HTTP_PORT:-5000} $(PY) -m server
 
 corpus: install
 	$(PY) -m model.corpus --out $(DATA)
@@ -148,6 +151,20 @@ fuzz: install bundle
 SOAK_MINUTES ?= 30
 soak: install bundle
 	$(PY) -m bench.soak --minutes $(SOAK_MINUTES) --bundle $(BUNDLE) --json runs/soak.json
+
+# Mutation testing of server/ (settings: setup.cfg [mutmut]) in a scratch copy of the tree, so its
+# mutants/ never lands in the checkout. Hours for all of server/ on 2 cores: MUTATE takes mutant name
+# globs, e.g. MUTATE='server.service* server.app*'. Prints the counts and the surviving mutants (`cd
+# $(MUTATION_DIR) && mutmut show NAME` shows one); docs/mutation.md keeps the scores and the reasons.
+MUTATION_DIR ?= /tmp/translator-mutation
+MUTATE ?=
+mutation: install
+	rm -rf $(MUTATION_DIR) && mkdir -p $(MUTATION_DIR)/mutants/models/en-es-small
+	git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C $(MUTATION_DIR)
+	cp $(MODEL)/tokenizer.model $(MUTATION_DIR)/mutants/models/en-es-small/
+	cd $(MUTATION_DIR) && TRANSLATOR_TEST_CACHE=$(MUTATION_DIR)/test-cache $(abspath $(VENV))/bin/mutmut run $(foreach m,$(MUTATE),'$(m)')
+	cd $(MUTATION_DIR) && $(abspath $(VENV))/bin/mutmut export-cicd-stats && cat mutants/mutmut-cicd-stats.json
+	cd $(MUTATION_DIR) && $(abspath $(VENV))/bin/mutmut results
 
 # Deletes the virtual environment and every exported bundle (not data/, runs/ or models/).
 clean:

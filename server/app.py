@@ -1,10 +1,12 @@
-"""Wiring: gRPC server, health and reflection, metrics endpoint, model loading, graceful shutdown.
+"""Wiring: gRPC server, HTTP API, health and reflection, metrics endpoint, model loading, graceful shutdown.
 
 Startup: the bundle to serve is resolved first (server/store.py; no bundle, e.g. a training checkpoint
 or a stale default bundle, fails the start with the command that makes one); then the gRPC port opens
 with health NOT_SERVING (Translate answers UNAVAILABLE) while the model is loaded and warmed up in a
 worker thread; then health turns SERVING. Shutdown: health NOT_SERVING, optional drain delay, stop
 accepting RPCs, let in-flight ones finish within the grace period, stop the engine worker.
+With --http-port, the LibreTranslate-compatible HTTP API and web page (server/http_api.py) run on the
+same event loop over the same translation core and scheduler, and stop with gRPC.
 Logging (JSON lines) is set up by server/logs.py. Server reflection answers both grpc.reflection.v1
 and the older v1alpha (grpcio-reflection ships only v1alpha: v1 is served by the same servicer).
 """
@@ -26,6 +28,7 @@ from grpc_reflection.v1alpha import reflection_pb2 as reflection_alpha_pb2
 
 from server.auth import BearerTokenInterceptor
 from server.config import ServerConfig
+from server.http_api import HttpApi, server_ssl_context
 from server.metrics import Metrics
 from server.scheduler import Scheduler
 from server.service import SERVICE_NAME, Backend, TranslatorService, add_to_server
@@ -119,6 +122,9 @@ class TranslatorServer:
             max_queue_segments=config.max_queue_segments,
         )
         self.health = health.aio.HealthServicer()
+        self.serving = False  # what the health services say (gRPC health and HTTP /health)
+        self.http: HttpApi | None = None
+        self.http_port = 0
         self.server: grpc.aio.Server | None = None
         self.scheduler: Scheduler | None = None
         self.engine: Any = None
@@ -164,6 +170,8 @@ class TranslatorServer:
         await self.server.start()
         if cfg.metrics_port >= 0:
             self.metrics_port = self.metrics.serve(cfg.metrics_host or cfg.host, cfg.metrics_port)
+        if cfg.http_port:
+            await self._start_http()
         self.metrics.ready.set(0)
         log.info(
             "gRPC server listening",
@@ -175,12 +183,31 @@ class TranslatorServer:
                     "client_auth": bool(cfg.tls_client_ca),
                     "token_auth": bool(cfg.auth_token),
                     "metrics_port": self.metrics_port if cfg.metrics_port >= 0 else None,
+                    "http_port": self.http_port or None,
                 }
             },
         )
         self._load_task = asyncio.create_task(self._load())
 
+    async def _start_http(self) -> None:
+        """The LibreTranslate-compatible HTTP API and web page on this event loop, over the gRPC
+        service's translation core (same validation, scheduler and metrics)."""
+        cfg = self.config
+        self.http = HttpApi(
+            self.service.core,
+            self.metrics,
+            auth_token=cfg.auth_token,
+            max_body_bytes=cfg.max_message_bytes,
+            serving=lambda: self.serving,
+            shutdown_grace_s=cfg.shutdown_grace_s,
+        )
+        context = None
+        if cfg.tls_enabled:
+            context = server_ssl_context(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
+        self.http_port = await self.http.start(cfg.http_host or cfg.host, cfg.http_port, context)
+
     async def _set_health(self, serving: bool) -> None:
+        self.serving = serving
         status = (
             health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         )
@@ -279,8 +306,12 @@ class TranslatorServer:
         await self._set_health(False)
         if self.config.drain_delay_s > 0:
             await asyncio.sleep(self.config.drain_delay_s)
-        if self.server is not None:
-            await self.server.stop(grace)
+        self.service.draining = True
+        stops = [self.server.stop(grace)] if self.server is not None else []
+        if self.http is not None:
+            self.http.shutdown_grace_s = grace
+            stops.append(self.http.stop())
+        await asyncio.gather(*stops)
         if self._load_task is not None and not self._load_task.done():
             self._load_task.cancel()
         if self.scheduler is not None:

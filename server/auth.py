@@ -68,6 +68,6 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
             return handler
         if self._metrics is not None:
             rpc = method.rsplit("/", 1)[-1] or "unknown"
-            self._metrics.requests.labels(rpc=rpc, code="UNAUTHENTICATED").inc()
+            self._metrics.requests.labels(rpc=rpc, code="UNAUTHENTICATED", transport="grpc").inc()
         reason = "missing" if presented is None else "invalid"
         return _deny_handler(handler, f"{reason} bearer token: send metadata 'authorization: Bearer <token>'")

@@ -32,6 +32,8 @@ class ServerConfig:
     port: int = 50051  # 0 = any free port
     metrics_host: str = ""  # "" = same as host
     metrics_port: int = 8000  # 0 = any free port, -1 = no metrics endpoint
+    http_host: str = ""  # "" = same as host
+    http_port: int = 0  # LibreTranslate-compatible HTTP API and web page; 0 = off (compose: 5000)
     variant: str = "fp32"  # fp32 | int8
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int = 0  # ONNX Runtime intra-op threads; 0 = one per physical core (engine: physical_cores)
@@ -85,6 +87,8 @@ class ServerConfig:
             bad("port", "0..65535 (0 = any free port)", self.port)
         if not (0 <= self.metrics_port <= 65535 or self.metrics_port == -1):
             bad("metrics_port", "0..65535 (0 = any free port) or -1 (no metrics endpoint)", self.metrics_port)
+        if not 0 <= self.http_port <= 65535:
+            bad("http_port", "0..65535 (0 = no HTTP API)", self.http_port)
         if self.threads < 0:
             bad("threads", ">= 0 (0 = one per physical core)", self.threads)
         if self.max_admit_wait_steps < 0:
@@ -160,6 +164,9 @@ HELP = {
     "metrics_host": "address of the Prometheus /metrics endpoint (default: --host)",
     "metrics_port": "Prometheus /metrics port, 0..65535 (0 = any free port) or -1 = disabled; plain "
     "HTTP even with TLS on",
+    "http_host": "address of the HTTP API and web page (default: --host)",
+    "http_port": "port of the LibreTranslate-compatible HTTP API and the web page, 0..65535 (0 = off); "
+    "HTTPS with the gRPC certificate when TLS is on, the bearer token doubles as api_key",
     "variant": "weights variant: fp32 or int8",
     "device": "execution device: auto (CUDA when usable, else CPU), cpu, cuda or cuda:N",
     "threads": "ONNX Runtime intra-op threads, >= 0 (0 = one per physical core available to the "

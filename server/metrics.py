@@ -40,8 +40,9 @@ class Metrics:
             GCCollector(registry=r)
         self.requests = Counter(
             "translator_requests",
-            "Finished RPCs by method and gRPC status code (TranslateStream: per call).",
-            ["rpc", "code"],
+            "Finished requests by method, gRPC status code (HTTP requests too: their status mapped to the "
+            "gRPC code of the same meaning) and transport (grpc, http); TranslateStream: per call.",
+            ["rpc", "code", "transport"],
             registry=r,
         )
         self.stream_items = Counter(
@@ -52,8 +53,9 @@ class Metrics:
         )
         self.request_latency = Histogram(
             "translator_request_duration_seconds",
-            "Time from receipt to answer of Translate calls and TranslateStream items.",
-            ["rpc"],
+            "Time from receipt to answer of Translate calls, TranslateStream items and HTTP translations "
+            "(rpc Translate, TranslateFile), by transport.",
+            ["rpc", "transport"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )

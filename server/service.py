@@ -210,6 +210,11 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         )
         self.max_message_bytes = max_message_bytes
         self.max_stream_inflight = max_stream_inflight
+        self.draining = False  # set when the server stops taking calls: streams refuse new items
+
+    def _ended(self) -> str:
+        """Why a call ended with a cancellation: the client, or the end of the shutdown grace period."""
+        return "cut at the end of the shutdown grace period" if self.draining else "cancelled by client"
 
     # The loaded model and why there is none live in the shared core (the HTTP transport reads them too).
     @property
@@ -303,7 +308,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             await context.abort(f.code, f.message, trailing_metadata=f.trailers)
         except asyncio.CancelledError:
             self.metrics.in_flight.dec()
-            self._record("Translate", request_id, _cancel_code(context), start, stats, "cancelled by client")
+            self._record("Translate", request_id, _cancel_code(context), start, stats, self._ended())
             raise
         except Exception as e:
             self.metrics.in_flight.dec()
@@ -324,8 +329,14 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             return pb.TranslateStreamResponse(status=pb.ItemStatus(code=f.code.value[0], message=f.message))
         stats: dict = {"segments": len(req.texts), "call": call_id}
         item_id = req.request_id or "-"
-        if req.timeout_ms < 0:
-            failure: RpcFailure | None = invalid(f"timeout_ms must be >= 0, got {req.timeout_ms}")
+        if self.draining:  # a stream opened before the shutdown takes no new work
+            failure: RpcFailure | None = RpcFailure(
+                grpc.StatusCode.UNAVAILABLE,
+                "the server is shutting down; send this item to another server",
+                [(RETRY_AFTER_KEY, "1000")],
+            )
+        elif req.timeout_ms < 0:
+            failure = invalid(f"timeout_ms must be >= 0, got {req.timeout_ms}")
         else:
             failure = None
         self.metrics.in_flight.inc()
@@ -344,7 +355,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             )
         except asyncio.CancelledError:
             self._record(
-                "TranslateStream", item_id, _cancel_code(context), start, stats, "stream cancelled", item=True
+                "TranslateStream", item_id, _cancel_code(context), start, stats, self._ended(), item=True
             )
             raise
         except Exception as e:
@@ -406,7 +417,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                 yield msg
                 slots.release()
         except asyncio.CancelledError:
-            code, message = _cancel_code(context), "cancelled by client"
+            code, message = _cancel_code(context), self._ended()
             raise
         except BaseException as e:
             code, message = grpc.StatusCode.INTERNAL, repr(e)

@@ -121,7 +121,7 @@ def test_compose_services(compose, stages):
     assert default == {"translator", "prometheus", "grafana"}
     assert services["translator-replica"]["profiles"] == ["scale"] == services["nginx"]["profiles"]
     translator = services["translator"]
-    assert {p.rsplit(":", 1)[-1] for p in translator["ports"]} == {"50051", "8000"}
+    assert {p.rsplit(":", 1)[-1] for p in translator["ports"]} == {"50051", "5000", "8000"}
     probe = translator["healthcheck"]["test"]
     assert probe[:2] == ["CMD", "python"] and probe[2] == copy_destination_of(
         stages["runtime"], "deploy/healthcheck.py"
@@ -376,7 +376,7 @@ def test_k8s_workload(overlay):
     labels = pod["metadata"]["labels"]
     (container,) = pod["spec"]["containers"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"grpc": 50051, "metrics": 8000}
+    assert ports == {"grpc": 50051, "metrics": 8000, "http": 5000}
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
         assert container[probe]["grpc"]["port"] == 50051, probe
     assert container["readinessProbe"]["grpc"]["service"] == "translator.v1.Translator"

@@ -1,0 +1,189 @@
+"""The translation path every transport calls: validation, glossary, the text layer, the scheduler.
+
+`TranslationCore.translate` is the one copy of what a Translate request does, whatever carried it
+(gRPC: server.service, HTTP: server.http_api): check the text count, resolve the decoding options
+(runtime.decoding.resolve_options, the one option validator), build the glossary
+(runtime.faithful.spans.make_glossary), run the engine's text layer (`prepare`), send each round of
+segments through the scheduler (batching, deadlines, queue limits) and rebuild the texts (`finish`).
+Errors leave as `Failure` with a transport-neutral `kind`; each transport maps kinds to its own
+status codes (gRPC status, HTTP status). Nothing here touches ONNX or a wire format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from runtime import decoding
+from runtime.faithful.spans import InvalidGlossaryError, make_glossary
+from server.contract import DecodingOptions, Hypothesis, InvalidOptionsError, Prepared, TranslationEngine
+from server.metrics import Metrics
+from server.scheduler import (
+    EngineFailure,
+    InvalidInput,
+    Job,
+    QueueFullError,
+    RequestCancelled,
+    Scheduler,
+    SchedulerStopped,
+)
+
+# What went wrong, for the transports to map: gRPC code / HTTP status.
+INVALID = "invalid"  # INVALID_ARGUMENT / 400
+OVERLOADED = "overloaded"  # RESOURCE_EXHAUSTED / 429
+DEADLINE = "deadline"  # DEADLINE_EXCEEDED / 504
+CANCELLED = "cancelled"  # CANCELLED / 499
+INTERNAL = "internal"  # INTERNAL / 500
+UNAVAILABLE = "unavailable"  # UNAVAILABLE / 503
+
+
+class Failure(Exception):
+    """A request the core could not answer: `kind` (one of the constants above) and a message for the
+    caller; `retry_after_ms` for OVERLOADED."""
+
+    def __init__(self, kind: str, message: str, retry_after_ms: int = 0) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.retry_after_ms = retry_after_ms
+
+
+@dataclass
+class Backend:
+    """What the transports need once the model is loaded."""
+
+    engine: TranslationEngine
+    scheduler: Scheduler
+    variant: str
+    batching: bool
+    batching_mode: str  # off | request | inflight: the scheduler's mode in effect (after any fallback)
+
+
+@dataclass(frozen=True)
+class OptionRequest:
+    """Decoding options as a client asked for them: 0 / None = the model's default."""
+
+    beam_size: int = 0
+    num_hypotheses: int = 0
+    max_length: int = 0
+    length_penalty: float | None = None
+    repetition_penalty: float | None = None
+    no_repeat_ngram_size: int | None = None
+
+
+def resolve(engine: TranslationEngine, request: OptionRequest) -> DecodingOptions:
+    """`request` with the bundle's defaults filled in; Failure(INVALID) when runtime.decoding refuses it."""
+    try:
+        return decoding.resolve_options(
+            engine.default_options,
+            max_beam_size=engine.max_beam_size,
+            max_length_cap=engine.max_length_cap,
+            beam_size=request.beam_size,
+            num_hypotheses=request.num_hypotheses,
+            max_length=request.max_length,
+            length_penalty=request.length_penalty,
+            repetition_penalty=request.repetition_penalty,
+            no_repeat_ngram_size=request.no_repeat_ngram_size,
+        )
+    except InvalidOptionsError as e:
+        raise Failure(INVALID, str(e)) from e
+
+
+class TranslationCore:
+    """The loaded model's translation path, shared by all transports of one server."""
+
+    def __init__(self, metrics: Metrics, *, max_texts: int, max_queue_segments: int = 1024) -> None:
+        self.metrics = metrics
+        self.max_texts = max_texts
+        self.max_queue_segments = max_queue_segments
+        self.backend: Backend | None = None
+        self.unavailable_reason = "the model is loading; retry shortly"
+
+    def require_backend(self) -> Backend:
+        if self.backend is None:
+            raise Failure(UNAVAILABLE, self.unavailable_reason)
+        return self.backend
+
+    def validate_texts(self, texts: Sequence[str]) -> None:
+        """Check the text count (lengths are the text layer's: Engine.prepare)."""
+        if not texts:
+            raise Failure(INVALID, "texts is empty: send at least one text to translate")
+        if len(texts) > self.max_texts:
+            raise Failure(
+                INVALID,
+                f"too many texts: {len(texts)} in one request, the limit is {self.max_texts}; "
+                "split them over several requests",
+            )
+
+    async def translate(
+        self,
+        texts: Sequence[str],
+        options: OptionRequest,
+        glossary: Sequence[tuple[str, str]] = (),
+        deadline: float | None = None,
+        request_id: str = "-",
+        stats: dict | None = None,
+    ) -> list[list[Hypothesis]]:
+        """One n-best list per text (best first, after the text layer); raises Failure.
+        `deadline` is time.monotonic() based; `stats` receives the request's counters for the log."""
+        stats = {} if stats is None else stats
+        backend = self.require_backend()
+        engine = backend.engine
+        self.validate_texts(texts)
+        engine_options = resolve(engine, options)
+        try:
+            terms = make_glossary(list(glossary))
+        except InvalidGlossaryError as e:
+            raise Failure(INVALID, str(e)) from e
+        try:
+            prepared = engine.prepare(list(texts), engine_options, terms)
+        except ValueError as e:  # InputTooLongError: a text over max_text_chars
+            raise Failure(INVALID, str(e)) from None
+        stats["texts"] = len(texts)
+        stats["segments"] = stats["input_tokens"] = stats["output_tokens"] = 0
+        stats["queue_ms"] = stats["decode_ms"] = 0.0
+        step: Prepared | list[list[Hypothesis]] = prepared
+        while isinstance(step, Prepared):  # the text layer's rounds (a second one re-translates)
+            job = await self._run(backend, step, deadline, request_id, stats)
+            step = engine.finish(step, job.results)
+        for hyps in step:
+            for note in hyps[0].notes if hyps else ():
+                self.metrics.text_segments.labels(action=note.action).inc()
+        return step
+
+    async def _run(
+        self, backend: Backend, prepared: Prepared, deadline: float | None, request_id: str, stats: dict
+    ) -> Job:
+        """One round of segments through the scheduler; raises Failure."""
+        stats["segments"] += len(prepared.segments)
+        stats["input_tokens"] += sum(prepared.token_counts)
+        if len(prepared.segments) > self.max_queue_segments:
+            raise Failure(
+                INVALID,
+                f"these texts make {len(prepared.segments)} segments, more than the queue holds "
+                f"({self.max_queue_segments}); send them over several requests",
+            )
+        job = Job(
+            prepared.segments,
+            prepared.token_counts,
+            prepared.options,
+            deadline=deadline,
+            request_id=request_id,
+        )
+        try:
+            await backend.scheduler.run(job)
+        except QueueFullError as e:
+            raise Failure(OVERLOADED, str(e), e.retry_after_ms) from None
+        except RequestCancelled as e:
+            raise Failure(DEADLINE if e.reason == "deadline" else CANCELLED, str(e)) from None
+        except InvalidInput as e:
+            raise Failure(INVALID, str(e)) from None
+        except EngineFailure as e:
+            raise Failure(INTERNAL, str(e)) from None
+        except SchedulerStopped as e:
+            raise Failure(UNAVAILABLE, str(e)) from None
+        finally:
+            stats["queue_ms"] = round(stats["queue_ms"] + job.queue_s * 1000, 2)
+            stats["decode_ms"] = round(stats["decode_ms"] + job.decode_s * 1000, 2)
+        stats["output_tokens"] += job.output_tokens
+        return job
