@@ -332,3 +332,13 @@ def test_a_stuttering_hypothesis_goes_after_a_fluent_one(layer):
     first = layer.prepare(["Bye bye"], DecodingOptions(beam_size=2, num_hypotheses=1))  # the source stutters
     [hyps] = layer.finish(first, [[Hypothesis("Adiós adiós", -0.1, [5]), Hypothesis("Adiós", -0.2, [6])]])
     assert hyps[0].text == "Adiós adiós"
+
+
+def test_a_span_followed_by_a_digit_gets_a_sentinel_that_does_not_read_into_it(layer):
+    m = mask("Size %d5 and %s", find_spans("Size %d5 and %s"))
+    assert m.text == "Size {0}5 and %1"  # "%15" would read as sentinel %15
+    assert restore(m, "Talla {0}5 y %1") == ("Talla %d5 y %s", None)
+    [hyps] = run_rounds(
+        layer, ["0\u038600"], DecodingOptions(beam_size=1), lambda s, n: [Hypothesis("0", 0.0, [])]
+    )
+    assert hyps[0].text == "0\u038600"  # numbers glued to another script's letter are numbers too

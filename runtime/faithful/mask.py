@@ -51,10 +51,11 @@ class Masked:
     spans: tuple[Span, ...]
     # Sentinels given a space inside their tag pair: "after" an opening tag, "before" a closing one.
     padded: tuple[tuple[str, str], ...] = ()
+    tokens: tuple[str, ...] = ()  # the sentinel of each span
 
     @property
     def sentinels(self) -> list[str]:
-        return [sentinel(i) for i in range(len(self.spans))]
+        return list(self.tokens) if self.tokens else [sentinel(i) for i in range(len(self.spans))]
 
     @property
     def translatable(self) -> bool:
@@ -63,26 +64,47 @@ class Masked:
         return not _NOTHING_LEFT.fullmatch(rest)
 
 
+def _tokens(source: str, spans: list[Span]) -> list[str]:
+    """A sentinel per span: the next of %1..%9, {0}..{9}, %10, ... unless the source has a digit right
+    after the span, where a %N would read on into it (`%15`): then the next unused {N}."""
+    used: set[str] = set()
+    out = []
+    for s in spans:
+        if source[s.end : s.end + 1].isdigit():
+            tok = next(f"{{{k}}}" for k in range(len(spans) + 10) if f"{{{k}}}" not in used)
+        else:
+            tok = next(t for t in (sentinel(i) for i in range(2 * len(spans) + 20)) if t not in used)
+        used.add(tok)
+        out.append(tok)
+    return out
+
+
+def _token_pattern(tok: str) -> str:
+    """A sentinel in a text: %N not followed by another digit; {N} as it is."""
+    return re.escape(tok) + (r"(?!\d)" if tok.startswith("%") else "")
+
+
 def mask(source: str, spans: list[Span]) -> Masked:
     """Spans -> sentinels. A tag glued to the text it wraps (`<b>Apply</b>`) gets a space inside the pair
     in the masked text (`%1 Apply %2`): the model translates the word rather than copying the run; the
     space goes again on restore."""
     parts, pos, padded = [], 0, []
-    for i, s in enumerate(spans):
-        tok = sentinel(i)
+    tokens = _tokens(source, spans)
+    for s, sent in zip(spans, tokens, strict=True):
+        tok = sent
         parts.append(source[pos : s.start])
         if s.kind == "tag":
             kind, _ = tag_name(s.text)
             if kind == "open" and source[s.end : s.end + 1].strip() and source[s.end] != "<":
                 tok = tok + " "
-                padded.append((sentinel(i), "after"))
+                padded.append((sent, "after"))
             elif kind == "close" and s.start and source[s.start - 1].strip() and source[s.start - 1] != ">":
                 tok = " " + tok
-                padded.append((sentinel(i), "before"))
+                padded.append((sent, "before"))
         parts.append(tok)
         pos = s.end
     parts.append(source[pos:])
-    return Masked(source, "".join(parts), tuple(spans), tuple(padded))
+    return Masked(source, "".join(parts), tuple(spans), tuple(padded), tuple(tokens))
 
 
 def tags_well_formed(tags: list[str]) -> bool:
@@ -116,12 +138,13 @@ def _problem(m: Masked, output: str, check_invented: bool = True) -> str | None:
     invented = [p for p in PLACEHOLDER_PATTERN.findall(rest) if p != "%%"] if check_invented else []
     if invented:
         return f"invented {', '.join(invented)}"
-    ordered = [sentinel(i) for i, s in enumerate(m.spans) if s.ordered]
+    toks = m.sentinels
+    ordered = [toks[i] for i, s in enumerate(m.spans) if s.ordered]
     if ordered and [s for s in found if s in ordered] != ordered:
         return "moved printf placeholders out of order"
     src_tags = [s.text for s in m.spans if s.kind == "tag"]
     if src_tags:
-        index = {sentinel(i): s.text for i, s in enumerate(m.spans) if s.kind == "tag"}
+        index = {toks[i]: s.text for i, s in enumerate(m.spans) if s.kind == "tag"}
         out_tags = [index[s] for s in found if s in index]
         if tags_well_formed(src_tags):
             if not tags_well_formed(out_tags):
@@ -135,7 +158,7 @@ def _spaced(m: Masked, output: str) -> str:
     """A space put back between a sentinel and a word that the source kept apart (the model glued them):
     otherwise a restored URL, path or number would run into the next word."""
     parts = re.split(r"(%\d+|\{\d+\})", output)  # text, sentinel, text, ...
-    index = {sentinel(i): s for i, s in enumerate(m.spans)}
+    index = dict(zip(m.sentinels, m.spans, strict=True))
     for k in range(1, len(parts), 2):
         s = index.get(parts[k])
         if s is None:
@@ -166,16 +189,16 @@ def restore(m: Masked, output: str, visible: Sequence[Span] | None = None) -> tu
     problem = _problem(m, output, check_invented=visible is None)
     if problem is not None:
         return None, problem
-    by_sentinel = {sentinel(i): s.restore for i, s in enumerate(m.spans)}
+    by_sentinel = {t: s.restore for t, s in zip(m.sentinels, m.spans, strict=True)}
     for tok, side in m.padded:  # the space mask() put inside a tag pair
         if side == "after":
-            output = re.sub(re.escape(tok) + r"(?!\d) ", tok, output, count=1)
+            output = re.sub(_token_pattern(tok) + " ", tok, output, count=1)
         else:
-            output = re.sub(r" " + re.escape(tok) + r"(?!\d)", tok, output, count=1)
+            output = re.sub(" " + _token_pattern(tok), tok, output, count=1)
     spaced = _spaced(m, output)
     # Restored spans are checked like visible ones (the model may have put "--" before a "--ipv6"), on
     # the output with each span back as in the source (a glossary term's translation may be anything).
-    by_source = {sentinel(i): s.text for i, s in enumerate(m.spans)}
+    by_source = {t: s.text for t, s in zip(m.sentinels, m.spans, strict=True)}
     shadow = _SENTINEL.sub(lambda x: by_source[x.group(0)], spaced)
     if problem := _visible_problem(m.source, shadow, [*m.spans, *(visible or [])]):
         return None, problem
@@ -187,6 +210,10 @@ def _standalone(text: str, span: str) -> int:
     starts or ends with one), or the span's own leading - % $ ("----ipv6" is not "--ipv6")."""
     before = ("\\w" if re.match(r"\w", span) else "") + (re.escape(span[0]) if span[0] in "-%$" else "")
     after = ("\\w" if re.search(r"\w$", span) else "") + ("\\-" if span[-1] == "-" else "")
+    if span[0].isdigit():  # numbers end at Latin letters and digits only (spans._NUMBER)
+        before = before.replace("\\w", "A-Za-z0-9_")
+    if span[-1].isdigit():
+        after = after.replace("\\w", "A-Za-z0-9_")
     pattern = (f"(?<![{before}])" if before else "") + re.escape(span) + (f"(?![{after}])" if after else "")
     return len(re.findall(pattern, text))
 
@@ -213,7 +240,7 @@ def _visible_problem(source: str, output: str, visible: Sequence[Span]) -> str |
 
 def _around(m: Masked, i: int) -> tuple[str, str]:
     """The masked text before and after sentinel i."""
-    hit = re.search(re.escape(sentinel(i)) + r"(?!\d)", m.text)
+    hit = re.search(_token_pattern(m.sentinels[i]), m.text)
     assert hit is not None
     return m.text[: hit.start()], m.text[hit.end() :]
 

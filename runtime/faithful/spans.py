@@ -73,7 +73,8 @@ _SHORTCUT = re.compile(
     r"\s?\+\s?(?:F\d{1,2}|[A-Za-z0-9]\b|[^\s\w]|Tab|Enter|Return|Space|Esc|Escape|Delete|Del|Insert|Ins|"
     r"Home|End|PgUp|PgDn|PageUp|PageDown|Backspace|Up|Down|Left|Right)"
 )
-_NUMBER = re.compile(r"(?<![\w.,])[-+]?\d+(?:[.,:]\d+)*(?![\w])")
+# Bounded by Latin letters only: a digit run glued to another script's letter ("0Ά00") is a number too.
+_NUMBER = re.compile(r"(?<![A-Za-z0-9_.,])[-+]?\d+(?:[.,:]\d+)*(?![A-Za-z0-9_])")
 # Names that look like names whatever the corpus says: CamelCase (LibreOffice, PulseAudio, iPhone) and
 # identifiers mixing letters with digits or underscores (x86_64, Qt5, MP3, IPv6, UTF-8).
 _NAME = re.compile(

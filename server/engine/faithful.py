@@ -123,11 +123,14 @@ class TextLayer:
         spans = self.spans(piece, gloss)
         hidden = [s for s in spans if s.kind in HIDDEN_KINDS]
         visible = [s for s in spans if s.kind not in HIDDEN_KINDS]
+        full = mask(piece, spans)
+        if not full.translatable:  # only spans (a number, a name, an emoji): nothing for the model
+            return _Unit(start, end, full, None, False)
         # A first try only when it can differ from the full masking, and never with visible %1 / {0}
         # next to sentinels (they would read as each other).
         if first and (visible or whole) and not (hidden and SENTINEL_PATTERN.search(piece)):
             return _Unit(start, end, mask(piece, hidden), visible, whole)
-        return _Unit(start, end, mask(piece, spans), None, False)
+        return _Unit(start, end, full, None, False)
 
     def _fits(self, hide_all: bool, gloss: Glossary | None):
         def fits(piece: str) -> bool:
