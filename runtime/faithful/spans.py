@@ -47,6 +47,7 @@ KINDS = (
     "shortcut",
     "keep",
     "name",
+    "unknown",
     "number",
     "symbol",
     "control",
@@ -66,6 +67,8 @@ _PATH = re.compile(
     r"(?<![\w/.~-])(?:~|\.{1,2})?/(?:[\w.+@-]+/)*[\w.+@*-]*[\w*/]"
     r"|(?<![\w])[A-Za-z]:\\(?:[\w .+-]+\\)*[\w.+-]+"
 )
+# "/Help/About", "/Conversation/Insert Link": a menu path of capitalised words, translated like text.
+_MENU_PATH = re.compile(r"(?:/[A-Z][a-z]+(?: [A-Za-z][a-z]+)*)+/?")
 _OPTION = re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*(?:=[^\s,;)]+)?")
 _SHORTCUT = re.compile(
     r"\b(?:Ctrl|Control|Alt|AltGr|Shift|Meta|Super|Cmd|Command|Option|Fn)"
@@ -274,7 +277,7 @@ def find_spans(
         if s.startswith("<") or (s.startswith("&") and s.endswith(";")):
             continue  # tags and entities above
         found.append(Span(m.start(), m.end(), "placeholder", s, s))
-    found += _matches(_PATH, text, "path")
+    found += [s for s in _matches(_PATH, text, "path") if not _MENU_PATH.fullmatch(s.text)]
     found += _matches(_OPTION, text, "option")
     found += _matches(_SHORTCUT, text, "shortcut")
     if keep_terms:
@@ -288,7 +291,7 @@ def find_spans(
     if unknown_word is not None:
         for m in _CAPITALISED.finditer(text):
             if unknown_word(m.group(0)):
-                found.append(Span(m.start(), m.end(), "name", m.group(0), m.group(0)))
+                found.append(Span(m.start(), m.end(), "unknown", m.group(0), m.group(0)))
     found += _matches(_NUMBER, text, "number")
     found += _runs(text, is_symbol_char, "symbol", glue=" ")
     found += _runs(text, is_control_char, "control")

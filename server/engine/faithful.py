@@ -121,6 +121,10 @@ class TextLayer:
     ) -> _Unit:
         piece = text[start:end]
         spans = self.spans(piece, gloss)
+        # A capitalised word the model never saw is kept as a name when it is all there is (Openbox);
+        # inside a sentence it may well be a rare English word (Terbium): left to the model, unchecked.
+        alone = len(spans) == 1 and spans[0].kind == "unknown" and piece.strip() == spans[0].text
+        spans = [s for s in spans if s.kind != "unknown" or alone]
         hidden = [s for s in spans if s.kind in HIDDEN_KINDS]
         visible = [s for s in spans if s.kind not in HIDDEN_KINDS]
         full = mask(piece, spans)
@@ -248,7 +252,7 @@ def _structure(text: str) -> tuple[int, list[str]]:
 
 # A word stuttered: "Guardar Guardar", "Modo de modo", "Siempre siempre" (3+ letters, again at once or
 # after one short word, any case).
-_STUTTER = re.compile(r"\b(\w{3,})\b(?:\W+\w{1,3})?\W+\1\b", re.IGNORECASE)
+_STUTTER = re.compile(r"\b(\w{3,})\s+(?:\w{1,3}\s+)?\1\b", re.IGNORECASE)
 
 
 def _fluent_first(source: str, cands: list[Candidate], n_best: int) -> list[Candidate]:
