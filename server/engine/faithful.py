@@ -121,10 +121,7 @@ class TextLayer:
     ) -> _Unit:
         piece = text[start:end]
         spans = self.spans(piece, gloss)
-        # A capitalised word the model never saw is kept as a name when it is all there is (Openbox);
-        # inside a sentence it may well be a rare English word (Terbium): left to the model, unchecked.
-        alone = len(spans) == 1 and spans[0].kind == "unknown" and piece.strip() == spans[0].text
-        spans = [s for s in spans if s.kind != "unknown" or alone]
+        spans = [s for s in spans if s.kind != "unknown" or _name_like(piece, s, len(spans))]
         hidden = [s for s in spans if s.kind in HIDDEN_KINDS]
         visible = [s for s in spans if s.kind not in HIDDEN_KINDS]
         full = mask(piece, spans)
@@ -241,6 +238,22 @@ class TextLayer:
             units = [u for parts in retry.values() for u in parts if isinstance(u, _Unit)]
             return self._round(plan, units, plan.requested)
         return [_assemble(t, n_best) for t in plan.texts]
+
+
+_WORDS = re.compile(r"[^\W\d_]+")
+
+
+def _name_like(piece: str, span: Span, n_spans: int) -> bool:
+    """Whether a capitalised word the model never saw reads as a name: all there is (Openbox), or inside
+    a sentence that is not in title case ("for other Blueman components"). A first word or a title-case
+    label may well be a rare English word (Terbium, "Decorative Dried", "Hardmask: enabled")."""
+    if n_spans == 1 and piece.strip() == span.text:
+        return True
+    if not piece[: span.start].strip():
+        return False
+    # Title case: most words after the first capitalised (acronyms and CamelCase names aside).
+    words = [w for w in _WORDS.findall(piece)[1:] if not (w.isupper() or w[1:] != w[1:].lower())]
+    return len(words) >= 2 and sum(w[0].isupper() for w in words) * 2 < len(words)
 
 
 def _structure(text: str) -> tuple[int, list[str]]:
