@@ -114,7 +114,7 @@ def test_repair_only_fixes_what_is_safe():
     m = mask("%s: not found", find_spans("%s: not found"))
     assert repair(m, "no encontrado") == "%1: no encontrado"
     m = mask("Copy %s to %s now", find_spans("Copy %s to %s now"))
-    assert repair(m, "Copiar %1 ahora") is None  # a placeholder lost mid-sentence: no guessing
+    assert repair(m, "Copiar %1 ahora") == "Copiar %1 %2 ahora"  # put back near its place in the source
     assert repair(m, "Copiar %1 %1 a %2 ahora") == "Copiar %1 a %2 ahora"
 
 

@@ -247,7 +247,9 @@ def _around(m: Masked, i: int) -> tuple[str, str]:
 
 def repair(m: Masked, output: str) -> str | None:
     """A deliberately fixed `output` (masked form) or None: repeated sentinels keep their first
-    occurrence; a lost sentinel that sat at the start or end of the source goes back there."""
+    occurrence; a lost sentinel that sat at the start or end of the source goes back there, one from
+    inside at the word boundary nearest its relative place (the span left untranslated where the model
+    dropped it); None when the result still breaks a rule (printf order, tag nesting)."""
     seen: set[str] = set()
 
     def first_only(x: re.Match[str]) -> str:
@@ -271,6 +273,9 @@ def repair(m: Masked, output: str) -> str | None:
             if after.strip() and core.endswith(after.strip()):
                 core = core[: -len(after.strip())]
             fixed = core.rstrip(glue) + glue + s + after
-        else:
-            return None
+        else:  # inside: at the word boundary nearest its relative place in the source, left untranslated
+            where = len(before) / max(1, len(before) + len(after)) * len(fixed)
+            cuts = [k for k, ch in enumerate(fixed) if ch == " "] + [len(fixed)]
+            k = min(cuts, key=lambda c: abs(c - where))
+            fixed = fixed[:k] + " " + s + fixed[k:]
     return fixed if _problem(m, fixed) is None else None
