@@ -103,6 +103,8 @@ def torch_single_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
+    if (cached := _test_cache("tiny-checkpoint", make_tiny_checkpoint)) is not None:
+        return cached
     return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "tiny-test")
 
 
@@ -110,7 +112,35 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 def tiny_bundle(tiny_checkpoint, tmp_path_factory) -> Path:
     """Random weights: outputs are gibberish that rarely ends before max_length, which makes decode
     time predictable (handy for deadline, cancellation and drain tests)."""
+    if (cached := _test_cache("tiny-bundle", lambda out: run_export(tiny_checkpoint, out))) is not None:
+        return cached
     return run_export(tiny_checkpoint, tmp_path_factory.mktemp("tiny-bundle") / "tiny-test")
+
+
+# TRANSLATOR_TEST_CACHE=DIR: build the tiny checkpoint and bundle once into DIR and reuse them in later
+# pytest runs (`make mutation` runs pytest once per mutant; a normal run leaves it unset).
+TEST_CACHE_ENV = "TRANSLATOR_TEST_CACHE"
+
+
+def _test_cache(name: str, build: Callable[[Path], Path]) -> Path | None:
+    root = os.environ.get(TEST_CACHE_ENV)
+    if not root:
+        return None
+    out = Path(root) / name / "tiny-test"
+    if not out.is_dir():
+        import shutil
+        import tempfile
+
+        Path(root).mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=root)) / "tiny-test"
+        build(staging)
+        out.parent.mkdir(exist_ok=True)
+        try:
+            staging.rename(out)  # atomic: concurrent runs see it whole or not at all
+        except OSError:
+            pass  # another run got there first
+        shutil.rmtree(staging.parent, ignore_errors=True)
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -247,6 +277,40 @@ def shipped_server(start_server, shipped_bundle) -> RunningServer:
 @pytest.fixture(scope="session")
 def tiny_server(start_server, tiny_bundle) -> RunningServer:
     return start_server(tiny_bundle, max_texts=16)
+
+
+@pytest.fixture(scope="session")
+def fake_bundle(tmp_path_factory) -> Path:
+    """A directory the model store takes for a bundle (it has a manifest.json); the servers of
+    `start_fake_server` never read it."""
+    path = tmp_path_factory.mktemp("fake-bundle")
+    (path / "manifest.json").write_text("{}\n")
+    return path
+
+
+@pytest.fixture()
+def start_fake_server(server_loop, fake_bundle) -> Iterator[Callable[..., RunningServer]]:
+    """start_fake_server(engine=None, wait_ready=True, **config overrides) -> RunningServer: the real
+    TranslatorServer (gRPC, scheduler, metrics) over tests/fake_engine.py's FakeEngine (or `engine`), no
+    warm-up; `.engine` is the engine. Milliseconds per request, no ONNX: for the serving side's tests."""
+    from tests.fake_engine import FakeEngine
+
+    servers: list[RunningServer] = []
+
+    def start(engine=None, wait_ready: bool = True, **overrides) -> RunningServer:
+        overrides.setdefault("warmup", False)
+        server = RunningServer(server_loop, base_config(fake_bundle, **overrides))
+        server.engine = engine if engine is not None else FakeEngine(step_s=0.001)
+        server.server.engine_factory = lambda bundle_dir, config: server.engine
+        servers.append(server)
+        return server.start(wait_ready=wait_ready)
+
+    yield start
+    for server in servers:
+        gate = getattr(server.engine, "gate", None)
+        if gate is not None:
+            gate.set()
+        server.stop(1)
 
 
 @pytest.fixture()

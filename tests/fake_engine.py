@@ -291,3 +291,55 @@ class FakeRunningBatch:
                 self.dropped.append(key)
                 n += 1
         return n
+
+
+class GatedEngine(FakeEngine):
+    """A FakeEngine whose decoding steps wait while `gate` is closed (`gate.clear()`), in both batching
+    modes: a test holds requests in flight, queued or mid-decode for as long as it needs, whatever the
+    machine's speed, then opens the gate (`gate.set()`). `steps` counts the steps that ran.
+
+    A closed gate holds the worker thread, so cancellations and deadlines are acted on once it opens (at
+    the next step boundary, like the real engine's)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.steps = 0
+        self.waiting = threading.Event()  # set while a step waits at the closed gate
+
+    def wait_gate(self) -> None:
+        if not self.gate.is_set():
+            self.waiting.set()
+            opened = self.gate.wait(60)
+            self.waiting.clear()
+            if not opened:  # never hang a test run: fail the batch instead
+                raise RuntimeError("GatedEngine: the gate stayed closed for 60 s")
+        self.steps += 1
+
+    def translate(
+        self,
+        texts: list[str],
+        options: DecodingOptions | None = None,
+        cancelled: Callable[[], Sequence[bool]] | None = None,
+    ) -> list[list[Hypothesis] | None]:
+        def gated() -> Sequence[bool]:  # the fake polls before every step
+            self.wait_gate()
+            return cancelled() if cancelled is not None else [False] * len(texts)
+
+        return super().translate(texts, options, cancelled=gated)
+
+    def running_batch(self) -> FakeRunningBatch:
+        if not self._supports_inflight:
+            raise BundleError("fake bundle: the decoder graph lacks per-row positions")
+        batch = GatedRunningBatch(self)
+        self.running.append(batch)
+        return batch
+
+
+class GatedRunningBatch(FakeRunningBatch):
+    engine: GatedEngine
+
+    def step(self) -> list[Finished]:
+        self.engine.wait_gate()
+        return super().step()

@@ -7,12 +7,15 @@ import json
 import subprocess
 import sys
 import time
+from concurrent import futures
 
 import grpc
 import pytest
 
 from client import AsyncTranslatorClient, StreamItem, TranslatorClient, TranslatorError
 from client.load import load_sentences, percentile, run_load
+from proto.gen.translator.v1 import translator_pb2 as pb
+from proto.gen.translator.v1 import translator_pb2_grpc as pb_grpc
 from tests.conftest import REPO_ROOT, free_port
 
 LINES = [
@@ -238,3 +241,126 @@ def test_cli_reports_notes_and_sends_the_glossary(tiny_server, tmp_path):
     bad.write_text("File\tArchivo\nfile\tFichero\n", encoding="utf-8")
     refused = cli("--target", tiny_server.target, "--glossary", str(bad), "hello")
     assert refused.returncode == 4 and "repeats glossary[0]" in refused.stderr
+
+
+# ---- retries, against a scripted server ------------------------------------------------------------
+
+
+class ScriptedTranslator(pb_grpc.TranslatorServicer):
+    """Answers Translate with the next failure of `script` ((code, details, retry-after-ms or None)),
+    then OK once the script is spent; records when each attempt came."""
+
+    def __init__(self, script: list[tuple[grpc.StatusCode, str, int | None]]) -> None:
+        self.script = list(script)
+        self.attempts: list[float] = []
+
+    def Translate(self, request, context):
+        self.attempts.append(time.monotonic())
+        if self.script:
+            code, details, retry_after = self.script.pop(0)
+            if retry_after is not None:
+                context.set_trailing_metadata((("retry-after-ms", str(retry_after)),))
+            context.abort(code, details)
+        return pb.TranslateResponse(
+            translations=[pb.Translation(hypotheses=[pb.Hypothesis(text=t[::-1])]) for t in request.texts]
+        )
+
+
+@pytest.fixture()
+def scripted():
+    """scripted(script) -> (target, servicer): a plain grpc server on 127.0.0.1 (no model)."""
+    servers = []
+
+    def start(script):
+        servicer = ScriptedTranslator(script)
+        server = grpc.server(futures.ThreadPoolExecutor(2))
+        pb_grpc.add_TranslatorServicer_to_server(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        servers.append(server)
+        return f"127.0.0.1:{port}", servicer
+
+    yield start
+    for server in servers:
+        server.stop(0)
+
+
+UNAVAILABLE = (grpc.StatusCode.UNAVAILABLE, "the model is loading; retry shortly", None)
+BUSY = (grpc.StatusCode.RESOURCE_EXHAUSTED, "server busy: 9 segments queued (capacity 8)", 300)
+
+
+def test_unavailable_is_retried_with_doubling_backoff(scripted):
+    target, servicer = scripted([UNAVAILABLE, UNAVAILABLE, UNAVAILABLE])
+    with TranslatorClient(target, retries=3, backoff=0.1, max_backoff=5, timeout=20) as c:
+        assert c.translate(["abc"])[0].text == "cba"
+    gaps = [b - a for a, b in zip(servicer.attempts, servicer.attempts[1:], strict=False)]
+    assert len(servicer.attempts) == 4  # 3 failures, then the answer
+    # backoff x 2^attempt x jitter in [0.5, 1]: 0.05-0.1, 0.1-0.2, 0.2-0.4 s
+    for gap, (low, high) in zip(gaps, [(0.05, 0.1), (0.1, 0.2), (0.2, 0.4)], strict=True):
+        assert low - 0.01 <= gap <= high + 0.15, gaps
+
+
+def test_retries_stop_after_the_count_and_max_backoff_caps_the_wait(scripted):
+    target, servicer = scripted([UNAVAILABLE] * 5)
+    with TranslatorClient(target, retries=2, backoff=1.0, max_backoff=0.1, timeout=20) as c:
+        with pytest.raises(TranslatorError) as e:
+            c.translate(["abc"])
+    assert (
+        e.value.code == grpc.StatusCode.UNAVAILABLE
+        and e.value.details == "the model is loading; retry shortly"
+    )
+    assert len(servicer.attempts) == 3
+    gaps = [b - a for a, b in zip(servicer.attempts, servicer.attempts[1:], strict=False)]
+    assert all(0.04 <= gap <= 0.25 for gap in gaps), gaps  # max_backoff (0.1 s) x jitter, not 1-2 s
+
+
+def test_resource_exhausted_is_not_retried_unless_asked(scripted):
+    target, servicer = scripted([BUSY, BUSY])
+    with TranslatorClient(target, retries=3, backoff=0.01, timeout=20) as c:
+        with pytest.raises(TranslatorError) as e:
+            c.translate(["abc"])
+    assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and e.value.retry_after_ms == 300
+    assert len(servicer.attempts) == 1
+
+
+def test_resource_exhausted_is_retried_after_the_servers_hint(scripted):
+    target, servicer = scripted([BUSY, BUSY])
+    with TranslatorClient(target, retries=3, backoff=0.01, retry_resource_exhausted=True, timeout=20) as c:
+        assert c.translate(["abc"])[0].text == "cba"
+    assert len(servicer.attempts) == 3
+    gaps = [b - a for a, b in zip(servicer.attempts, servicer.attempts[1:], strict=False)]
+    assert all(0.29 <= gap <= 0.6 for gap in gaps), gaps  # retry-after-ms (300) x jitter in [1, 1.5]
+
+
+def test_async_client_retries_resource_exhausted_after_the_hint(scripted):
+    target, servicer = scripted([BUSY])
+
+    async def main():
+        async with AsyncTranslatorClient(target, retries=2, retry_resource_exhausted=True, timeout=20) as c:
+            return await c.translate(["abc"])
+
+    assert asyncio.run(main())[0].text == "cba"
+    assert len(servicer.attempts) == 2 and servicer.attempts[1] - servicer.attempts[0] >= 0.29
+
+
+def test_retries_never_outlast_the_deadline(scripted):
+    target, servicer = scripted([BUSY] * 10)
+    t0 = time.monotonic()
+    with TranslatorClient(target, retries=10, retry_resource_exhausted=True, timeout=0.5) as c:
+        with pytest.raises(TranslatorError) as e:
+            c.translate(["abc"])
+    assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert time.monotonic() - t0 < 0.9 and len(servicer.attempts) == 2  # a third would start past 0.5 s
+
+
+def test_other_errors_and_oversized_messages_are_not_retried(scripted):
+    too_large = (grpc.StatusCode.RESOURCE_EXHAUSTED, "Received message larger than max (9 vs. 4)", None)
+    invalid = (grpc.StatusCode.INVALID_ARGUMENT, "texts is empty", None)
+    for failure in (too_large, invalid):
+        target, servicer = scripted([failure, failure])
+        with TranslatorClient(
+            target, retries=3, backoff=0.01, retry_resource_exhausted=True, timeout=10
+        ) as c:
+            with pytest.raises(TranslatorError) as e:
+                c.translate(["abc"])
+        assert e.value.code == failure[0] and len(servicer.attempts) == 1

@@ -146,3 +146,138 @@ def test_process_exits_2_before_loading_anything(tmp_path):
     assert len(lines) == 1, proc.stderr
     assert "auto, cpu, cuda or cuda:N, got 'gpu'" in lines[0] and "must be >= 0" in lines[0]
     assert proc.stdout == ""
+
+
+# ---- precedence and parsing ---------------------------------------------------------------------------
+
+
+def test_defaults_without_flags_or_variables():
+    assert load_config([], {}) == ServerConfig()
+    assert ServerConfig().effective_batching_mode == "inflight"
+
+
+@pytest.mark.parametrize(
+    ("field", "flag_value", "env_value", "default"),
+    [
+        ("port", "6001", "6002", 50051),
+        ("host", "10.1.2.3", "10.9.9.9", "0.0.0.0"),
+        ("max_wait_ms", "2.5", "7.5", 10.0),
+        ("batching_mode", "off", "request", "inflight"),
+        ("shutdown_grace_s", "1", "2", 30.0),
+    ],
+)
+def test_flag_over_variable_over_default(field, flag_value, env_value, default):
+    flag, var = "--" + field.replace("_", "-"), "TRANSLATOR_" + field.upper()
+    kind = type(default)
+    assert getattr(load_config([], {}), field) == default
+    assert getattr(load_config([], {var: env_value}), field) == kind(env_value)
+    assert getattr(load_config([flag, flag_value], {var: env_value}), field) == kind(flag_value)
+    assert getattr(load_config([flag, flag_value], {}), field) == kind(flag_value)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("1", True),
+        ("true", True),
+        ("TRUE", True),
+        (" yes ", True),
+        ("on", True),
+        ("0", False),
+        ("false", False),
+        ("False", False),
+        ("no", False),
+        ("off", False),
+        ("", False),
+    ],
+)
+def test_boolean_variables(text, value):
+    config = load_config([], {"TRANSLATOR_WARMUP": text, "TRANSLATOR_BATCHING": text})
+    assert (config.warmup, config.batching) == (value, value)
+    assert config.effective_batching_mode == ("inflight" if value else "off")
+
+
+def test_boolean_flags_win_over_variables():
+    env = {"TRANSLATOR_WARMUP": "false", "TRANSLATOR_BATCHING": "true"}
+    config = load_config(["--warmup", "--no-batching"], env)
+    assert (config.warmup, config.batching, config.effective_batching_mode) == (True, False, "off")
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("TRANSLATOR_WARMUP", "maybe"),
+        ("TRANSLATOR_BATCHING", "2"),
+        ("TRANSLATOR_PORT", "http"),
+        ("TRANSLATOR_MAX_WAIT_MS", "x"),
+    ],
+)
+def test_unparsable_variable_exits_2_naming_it(var, value, capsys):
+    with pytest.raises(SystemExit) as e:
+        load_config([], {var: value})
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{var}={value!r}" in err
+
+
+@pytest.mark.parametrize(
+    ("name", "bad", "good"),
+    [
+        ("max_batch_tokens", 0, 1),
+        ("max_batch_segments", 0, 1),
+        ("max_running_tokens", 0, 1),
+        ("max_queue_segments", 0, 1),
+        ("max_texts", 0, 1),
+        ("max_message_bytes", 0, 1),
+        ("max_stream_inflight", 0, 1),
+        ("max_admit_wait_steps", -1, 0),
+        ("max_running_rows", -1, 0),
+        ("threads", -1, 0),
+        ("max_wait_ms", -0.001, 0.0),
+        ("drain_delay_s", float("inf"), 0.0),
+        ("shutdown_grace_s", float("-inf"), 0.0),
+    ],
+)
+def test_each_bound_is_exact(name, bad, good):
+    ServerConfig(**{name: good, "max_texts": 1} if name != "max_texts" else {name: good}).validate()
+    with pytest.raises(ValueError) as e:
+        ServerConfig(**{name: bad}).validate()
+    assert str(e.value).startswith(f"invalid configuration: {name} (--{name.replace('_', '-')} / ")
+
+
+def test_cross_setting_checks():
+    with pytest.raises(
+        ValueError, match=r"max_texts \(--max-texts / TRANSLATOR_MAX_TEXTS\) \(9\) must not exceed"
+    ):
+        ServerConfig(max_texts=9, max_queue_segments=8).validate()
+    ServerConfig(max_texts=8, max_queue_segments=8).validate()
+    with pytest.raises(ValueError, match="TLS needs both a certificate"):
+        ServerConfig(tls_cert=__file__).validate()
+    with pytest.raises(ValueError, match="TLS needs both a certificate"):
+        ServerConfig(tls_key=__file__).validate()
+    with pytest.raises(ValueError, match="TRANSLATOR_TLS_CLIENT_CA\\) needs TLS cert and key"):
+        ServerConfig(tls_client_ca=__file__).validate()
+    with pytest.raises(
+        ValueError, match="tls_key \\(--tls-key / TRANSLATOR_TLS_KEY\\): no such file '/nope'"
+    ):
+        ServerConfig(tls_cert=__file__, tls_key="/nope").validate()
+    config = ServerConfig(tls_cert=__file__, tls_key=__file__, tls_client_ca=__file__)
+    config.validate()
+    assert config.tls_enabled and not ServerConfig().tls_enabled
+
+
+def test_process_exits_2_for_an_unparsable_variable(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "server"],
+        cwd=REPO_ROOT,
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("TRANSLATOR_")},
+            "TRANSLATOR_WARMUP": "sometimes",
+            "TRANSLATOR_MODEL_DIR": str(tmp_path / "missing"),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "TRANSLATOR_WARMUP='sometimes'" in proc.stderr and "not a boolean" in proc.stderr

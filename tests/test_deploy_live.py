@@ -233,10 +233,14 @@ def test_nginx_spreads_grpc_calls_and_survives_a_dead_replica(server_process, ti
             wait_serving(s.target, timeout=120)
         lb = f"127.0.0.1:{lb_port}"
         wait_serving(lb, timeout=20)  # health through the balancer
+        texts = [f"Open file {i}" for i in range(16)]
+        with TranslatorClient(servers[1].target, timeout=20) as direct:  # both serve the same bundle
+            expected = [t.text for t in direct.translate(texts, max_length=4, beam_size=1)]
+        assert all(expected)
         before = [translate_ok(s) for s in servers]
         with TranslatorClient(lb, timeout=20, retries=0) as c:  # one HTTP/2 connection to nginx
-            for i in range(16):
-                assert c.translate([f"Open file {i}"], max_length=4, beam_size=1)[0].text is not None
+            for text, want in zip(texts, expected, strict=True):
+                assert c.translate([text], max_length=4, beam_size=1)[0].text == want
             results = list(
                 c.translate_stream([StreamItem(str(i), ["Print"], max_length=4) for i in range(4)])
             )

@@ -55,7 +55,11 @@ def test_load_metadata_and_round_trip(engine: Engine, tiny: TinyBundle):
     for key in ("encoder_s", "decoder_s", "select_s", "reorder_s", "steps", "total_s", "tokenize_s"):
         assert key in stats
     assert stats["segments"] == len(TEXTS) and stats["steps"] > 0
+    # warmup() runs the graphs for real (the last of its batches: two greedy segments) and changes no
+    # result.
     engine.warmup()
+    assert engine.last_stats["segments"] == 2 and engine.last_stats["steps"] > 0
+    assert engine.translate(TEXTS, engine.default_options) == out
 
 
 def test_engine_imports_no_torch(tiny: TinyBundle):

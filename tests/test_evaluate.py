@@ -1,4 +1,5 @@
-"""Evaluation: sampling, metric helpers, the torch and (faked) ONNX backends end to end, Apertium."""
+"""Evaluation: sampling, metric helpers, the torch backend and the ONNX engine backend (the real engine on
+an exported tiny bundle) end to end, Apertium."""
 
 import json
 import shutil
@@ -108,7 +109,7 @@ def test_length_batches_cover_everything():
 
 
 # --------------------------------------------------------------------------------------------
-# End to end on a tiny random model (torch) and a fake ONNX engine
+# End to end on a tiny random model: the torch backend, and the real ONNX engine on its exported bundle
 
 
 PAIRS = [

@@ -4,18 +4,21 @@ real server (skipped with a reason where the Debian binaries are absent: apt-get
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
 import time
 import urllib.parse
 import urllib.request
 
+import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from client import StreamItem
+from client import StreamItem, TranslatorError
 from tests.conftest import free_port
 
+# Every translator_* family the server exports, with its type (docs/service.md lists the same).
 EXPECTED = {
     "translator_requests": "counter",
     "translator_stream_items": "counter",
@@ -24,12 +27,16 @@ EXPECTED = {
     "translator_batch_segments": "histogram",
     "translator_batch_tokens": "histogram",
     "translator_batch_decode_seconds": "histogram",
+    "translator_batch_rows": "histogram",
+    "translator_decode_steps": "counter",
+    "translator_time_to_first_step_seconds": "histogram",
     "translator_input_tokens": "counter",
     "translator_generated_tokens": "counter",
     "translator_segments": "counter",
     "translator_text_segments": "counter",
     "translator_requests_in_flight": "gauge",
     "translator_queue_segments": "gauge",
+    "translator_queue_capacity_segments": "gauge",
     "translator_queue_tokens": "gauge",
     "translator_engine_errors": "counter",
     "translator_model_info": "gauge",
@@ -38,44 +45,80 @@ EXPECTED = {
 
 
 def drive_traffic(server, client_for, n: int = 3) -> None:
+    """n Translate calls of two texts, one refused call, a stream of one good and one refused item,
+    one GetModelInfo."""
     c = client_for(server, retries=0)
     for _ in range(n):
-        c.translate(["Open the file", "Save changes?"], max_length=8)
-    list(c.translate_stream([StreamItem("a", ["Print"], max_length=5), StreamItem("b", [])]))
-    c.model_info()
-    try:
+        assert len(c.translate(["Open the file", "Save changes?"], max_length=8)) == 2
+    results = {
+        r.request_id: r
+        for r in c.translate_stream([StreamItem("a", ["Print"], max_length=5), StreamItem("b", [])])
+    }
+    assert results["a"].ok and results["b"].code == grpc.StatusCode.INVALID_ARGUMENT
+    assert c.model_info().name
+    with pytest.raises(TranslatorError) as e:
         c.translate([])
-    except Exception:
-        pass
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def families(server) -> dict:
     return {f.name: f for f in text_string_to_metric_families(server.metrics_text())}
 
 
-def test_metric_families_and_values(tiny_server, client_for):
-    drive_traffic(tiny_server, client_for)
-    fams = families(tiny_server)
+def test_metric_families_and_exact_values(start_server, tiny_bundle, client_for, caplog):
+    """A server of the test's own (the real engine on the tiny bundle), so every value is exact: the
+    counts of the traffic above, and the token counters equal to the request log lines' sums."""
+    server = start_server(tiny_bundle, max_queue_segments=333)
+    fams = families(server)
+    exported = {n for n in fams if n.startswith("translator_") and not n.endswith("_created")}
+    assert exported == set(EXPECTED)  # *_created: prometheus_client's creation times of counters
     for name, kind in EXPECTED.items():
-        assert name in fams, f"missing metric {name}"
         assert fams[name].type == kind, f"{name} is a {fams[name].type}, expected {kind}"
-    assert tiny_server.sample("translator_requests_total", rpc="Translate", code="OK") >= 3
-    assert tiny_server.sample("translator_requests_total", rpc="Translate", code="INVALID_ARGUMENT") >= 1
-    assert tiny_server.sample("translator_requests_total", rpc="GetModelInfo", code="OK") >= 1
-    assert tiny_server.sample("translator_requests_total", rpc="TranslateStream", code="OK") >= 1
-    assert tiny_server.sample("translator_stream_items_total", code="OK") >= 1
-    assert tiny_server.sample("translator_stream_items_total", code="INVALID_ARGUMENT") >= 1
-    assert tiny_server.sample("translator_input_tokens_total") > 0
-    assert tiny_server.sample("translator_generated_tokens_total") > 0
-    assert tiny_server.sample("translator_ready") == 1
-    assert tiny_server.sample("translator_requests_in_flight") == 0
-    assert tiny_server.sample("translator_queue_segments") == 0
-    info = [s for s in fams["translator_model_info"].samples]
-    assert len(info) == 1 and info[0].value == 1
-    assert info[0].labels["name"] == "tiny-test" and info[0].labels["version"]
+    assert server.sample("translator_queue_capacity_segments") == 333  # set before any traffic
+    with caplog.at_level(logging.INFO, logger="server.requests"):
+        drive_traffic(server, client_for)
+    lines = [r.fields for r in caplog.records if r.name == "server.requests" and r.getMessage() == "request"]
+    ok = [line for line in lines if line["status"] == "OK" and line["rpc"] != "GetModelInfo"]
+    assert len(ok) == 4  # 3 Translate + 1 stream item
+
+    def count(name: str, **labels: str) -> float:
+        return server.sample(name, **labels)
+
+    assert count("translator_requests_total", rpc="Translate", code="OK") == 3
+    assert count("translator_requests_total", rpc="Translate", code="INVALID_ARGUMENT") == 1
+    assert count("translator_requests_total", rpc="GetModelInfo", code="OK") == 1
+    assert count("translator_requests_total", rpc="TranslateStream", code="OK") == 1
+    assert count("translator_stream_items_total", code="OK") == 1
+    assert count("translator_stream_items_total", code="INVALID_ARGUMENT") == 1
+    assert count("translator_request_duration_seconds_count", rpc="Translate") == 4
+    segments = sum(line["segments"] for line in ok)
+    assert segments == 7
+    assert count("translator_segments_total", outcome="translated") == segments
+    assert count("translator_input_tokens_total") == sum(line["input_tokens"] for line in ok) > segments
+    generated = sum(line["output_tokens"] for line in ok)
+    assert count("translator_generated_tokens_total") == generated > segments  # tokens, not segments
+    assert count("translator_queue_wait_seconds_count") == segments
+    assert count("translator_time_to_first_step_seconds_count") == segments
+    steps = count("translator_decode_steps_total")
+    assert steps >= 8 and count("translator_batch_rows_count") == steps  # in-flight: one per step
+    assert count("translator_ready") == 1 and count("translator_requests_in_flight") == 0
+    assert (count("translator_queue_segments"), count("translator_queue_tokens")) == (0, 0)
+    assert count("translator_engine_errors_total") == 0
+    assert count("translator_queue_capacity_segments") == 333
+    (info,) = families(server)["translator_model_info"].samples
+    assert info.value == 1
+    assert {k: info.labels[k] for k in ("name", "variant", "source_language", "target_language")} == {
+        "name": "tiny-test",
+        "variant": "fp32",
+        "source_language": "en",
+        "target_language": "es",
+    }
+    assert info.labels["version"] and info.labels["providers"] == "CPUExecutionProvider"
     # Latency buckets span milliseconds to tens of seconds.
     bounds = {
-        float(s.labels["le"]) for s in fams["translator_request_duration_seconds"].samples if "le" in s.labels
+        float(s.labels["le"])
+        for s in families(server)["translator_request_duration_seconds"].samples
+        if "le" in s.labels
     }
     assert min(bounds) <= 0.01 and max(b for b in bounds if b != float("inf")) >= 30
 

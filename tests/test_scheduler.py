@@ -593,3 +593,40 @@ def test_real_inflight_warns_when_the_cache_would_cross_the_bus(tiny_bundle, tmp
         scheduler, _ = make_scheduler(engine, mode="inflight")
         scheduler.stop(5)
         assert ("no kv_rows/kv_step graphs" in caplog.text) is copies
+
+
+@pytest.mark.parametrize("reason", ["deadline", "cancelled"])
+def test_inflight_running_rows_leave_at_the_next_step(slow_fake, reason):
+    """A running request whose deadline passes (or that is cancelled) leaves the running batch at the next
+    step boundary, through drop(): its rows stop decoding, its batch mate runs on to its solo result."""
+    scheduler, metrics = make_scheduler(slow_fake, mode="inflight")
+    mate_text, mate_opts = TEXTS[0], DecodingOptions(beam_size=1, num_hypotheses=1, max_length=60)
+
+    async def main():
+        deadline = time.monotonic() + 0.3 if reason == "deadline" else None
+        doomed = job(slow_fake, TEXTS[1:3], LONG, deadline=deadline)
+        mate = asyncio.ensure_future(scheduler.run(job(slow_fake, [mate_text], mate_opts)))
+        run = asyncio.ensure_future(scheduler.run(doomed))
+        await asyncio.sleep(0.15)  # both running
+        (rb,) = slow_fake.running
+        assert len(rb) == 3
+        if reason == "cancelled":
+            await asyncio.sleep(0.15)
+            run.cancel()
+        with pytest.raises((RequestCancelled, asyncio.CancelledError)):
+            await run
+        steps_then = len(rb.step_rows)
+        for _ in range(100):  # the rows leave at the next step boundary
+            if len(rb) == 1:
+                break
+            await asyncio.sleep(0.005)
+        assert len(rb) == 1 and sorted(rb.dropped) == sorted(seg for seg in range(3) if seg != 0)
+        assert len(rb.step_rows) - steps_then <= 2
+        return await mate
+
+    try:
+        mate = asyncio.run(main())
+    finally:
+        scheduler.stop(10)
+    assert mate.results[0] == SOLO.translate([mate_text], mate_opts)[0]
+    assert outcomes(metrics) == {"dropped_" + reason: 2, "translated": 1}
