@@ -294,6 +294,9 @@ class TranslatorServer:
     async def stop(self, grace: float | None = None) -> None:
         """Drain: NOT_SERVING, stop accepting, finish in-flight RPCs within `grace` seconds."""
         if self._stopping:
+            # A second stop (the second signal's stop(0)) shortens the first one's grace period.
+            if grace is not None and self.server is not None:
+                await self.server.stop(grace)
             await self._stopped.wait()
             return
         self._stopping = True

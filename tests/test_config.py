@@ -16,16 +16,16 @@ from tests.conftest import REPO_ROOT
 BAD = [
     ("--device", "gpu", "auto, cpu, cuda or cuda:N"),
     ("--device", "cuda:x", "auto, cpu, cuda or cuda:N"),
-    ("--log-level", "verbose", "DEBUG, INFO, WARNING, ERROR, CRITICAL"),
-    ("--metrics-port", "-5", "0..65535 (0 = any free port) or -1"),
-    ("--metrics-port", "65536", "0..65535 (0 = any free port) or -1"),
-    ("--port", "-1", "0..65535"),
-    ("--port", "70000", "0..65535"),
-    ("--threads", "-3", ">= 0"),
-    ("--shutdown-grace-s", "-1", ">= 0"),
-    ("--shutdown-grace-s", "nan", ">= 0"),
-    ("--drain-delay-s", "-0.5", ">= 0"),
-    ("--max-wait-ms", "-1", ">= 0"),
+    ("--log-level", "verbose", "DEBUG, INFO, WARNING, ERROR, CRITICAL (any case)"),
+    ("--metrics-port", "-5", "0..65535 (0 = any free port) or -1 (no metrics endpoint)"),
+    ("--metrics-port", "65536", "0..65535 (0 = any free port) or -1 (no metrics endpoint)"),
+    ("--port", "-1", "0..65535 (0 = any free port)"),
+    ("--port", "70000", "0..65535 (0 = any free port)"),
+    ("--threads", "-3", ">= 0 (0 = one per physical core)"),
+    ("--shutdown-grace-s", "-1", "a finite number >= 0"),
+    ("--shutdown-grace-s", "nan", "a finite number >= 0"),
+    ("--drain-delay-s", "-0.5", "a finite number >= 0"),
+    ("--max-wait-ms", "-1", "a finite number >= 0"),
     ("--variant", "fp16", "fp32 or int8"),
     ("--batching-mode", "always", "request, inflight, off"),
 ]
@@ -43,7 +43,7 @@ def test_bad_flag_and_variable_get_the_same_message(flag, value, allowed):
             load_config(argv, env)
         message = str(e.value)
         assert "\n" not in message
-        assert allowed in message and value in message
+        assert f"must be {allowed}, got " in message and value in message
         assert flag in message and _env_name(flag) in message  # names both spellings
         messages.append(message)
     assert messages[0] == messages[1]  # one validation
@@ -58,6 +58,11 @@ def test_bad_flag_and_variable_get_the_same_message(flag, value, allowed):
         (["--metrics-port", "65535", "--port", "65535"], {"metrics_port": 65535, "port": 65535}),
         (["--threads", "0", "--shutdown-grace-s", "0", "--drain-delay-s", "0"], {"threads": 0}),
         (["--log-level", "critical", "--device", "cpu"], {"log_level": "CRITICAL", "device": "cpu"}),
+        (
+            ["--variant", "int8", "--batching-mode", "request"],
+            {"variant": "int8", "batching_mode": "request"},
+        ),
+        (["--variant", "fp32", "--batching-mode", "off"], {"variant": "fp32", "batching_mode": "off"}),
     ],
 )
 def test_allowed_values_pass_and_are_normalised(argv, expected):
@@ -104,6 +109,12 @@ def test_help_says_what_the_code_does():
     assert "-1" in HELP["metrics_port"]
     text = build_parser({}).format_help()
     assert "TRANSLATOR_THREADS" in text and "CRITICAL" in text
+    assert text.startswith("usage: python -m server ")
+    assert "Every flag can also be set with the environment variable shown in brackets." in " ".join(
+        text.split()
+    )
+    assert "[TRANSLATOR_MAX_TEXTS] (default: 64)" in " ".join(text.split())
+    assert set(HELP) == set(ServerConfig.__dataclass_fields__)  # every setting explained
 
 
 @pytest.mark.parametrize(

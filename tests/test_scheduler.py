@@ -630,3 +630,48 @@ def test_inflight_running_rows_leave_at_the_next_step(slow_fake, reason):
         scheduler.stop(10)
     assert mate.results[0] == SOLO.translate([mate_text], mate_opts)[0]
     assert outcomes(metrics) == {"dropped_" + reason: 2, "translated": 1}
+
+
+def test_select_stops_at_max_batch_segments(fake):
+    scheduler, _ = make_scheduler(fake, max_batch_segments=2, max_batch_tokens=10_000)
+    try:
+        j = Job(["x"] * 5, [1, 2, 3, 4, 5], GREEDY)
+        segs = [Segment(j, i, i, 0.0) for i in range(5)]
+        assert [s.tokens for s in scheduler.strategy.select(segs[4], segs)] == [4, 5]  # the longest as head
+        assert [s.tokens for s in scheduler.strategy.select(segs[2], segs)] == [2, 3]
+    finally:
+        scheduler.stop(1)
+
+
+def test_select_takes_the_shorter_side_when_the_longer_would_overflow(fake):
+    """Head 5 tokens, budget 11 (greedy: padded tokens x rows): the 6-token neighbour (earlier, so it wins
+    the tie) would make 12, the 4-token one fits (10); then nothing more fits."""
+    scheduler, _ = make_scheduler(fake, max_batch_tokens=11)
+    try:
+        j = Job(["x"] * 3, [4, 5, 6], GREEDY)
+        four, head, six = Segment(j, 0, 3, 0.0), Segment(j, 1, 2, 0.0), Segment(j, 2, 1, 0.0)
+        batch = scheduler.strategy.select(head, [four, head, six])
+        assert [(s.tokens, s.seq) for s in batch] == [(5, 2), (4, 3)]  # arrival order
+    finally:
+        scheduler.stop(1)
+
+
+def test_inflight_measures_throughput_for_retry_hints(fake):
+    """In-flight mode folds the segments finished per second (over windows of about a second) into the
+    queue's rate, behind the retry hints of a full queue."""
+    scheduler, _ = make_scheduler(fake, mode="inflight")
+    opts = DecodingOptions(beam_size=1, num_hypotheses=1, max_length=20, length_penalty=0.6)
+
+    async def main():
+        t0, n = time.monotonic(), 0
+        while time.monotonic() - t0 < 1.3:  # one window of a second at least
+            await asyncio.gather(*(scheduler.run(job(fake, [t], opts)) for t in TEXTS[:4]))
+            n += 4
+        return n / (time.monotonic() - t0)
+
+    try:
+        assert scheduler.queue._segments_per_s == 0
+        rate = asyncio.run(main())
+    finally:
+        scheduler.stop(10)
+    assert 0.3 * rate < scheduler.queue._segments_per_s < 3 * rate

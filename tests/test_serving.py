@@ -242,7 +242,7 @@ def test_repaired_notes_reach_the_proto_and_the_metric(start_fake_server, client
     assert value(server, "translator_text_segments_total", action="repaired") == 1
 
 
-def test_model_loading_answers_unavailable_everywhere(server_loop, fake_bundle, client_for):
+def test_model_loading_answers_unavailable_everywhere(server_loop, fake_bundle, client_for, caplog):
     gate = threading.Event()
 
     def slow_load(bundle_dir, config) -> FakeEngine:
@@ -252,6 +252,7 @@ def test_model_loading_answers_unavailable_everywhere(server_loop, fake_bundle, 
     server = RunningServer(server_loop, base_config(fake_bundle, warmup=False))
     server.server.engine_factory = slow_load
     server.start(wait_ready=False)
+    caplog.set_level(logging.INFO, logger="server.requests")
     try:
         c = client_for(server, retries=0, timeout=5)
         assert c.health() == "NOT_SERVING" and c.health(SERVICE_NAME) == "NOT_SERVING"
@@ -264,6 +265,8 @@ def test_model_loading_answers_unavailable_everywhere(server_loop, fake_bundle, 
         (item,) = c.translate_stream([StreamItem("x", ["a"])])
         assert item.code == grpc.StatusCode.UNAVAILABLE
         assert value(server, "translator_requests_total", rpc="GetModelInfo", code="UNAVAILABLE") == 1
+        (info,) = [line for line in request_lines(caplog) if line["rpc"] == "GetModelInfo"]
+        assert (info["status"], info["error"]) == ("UNAVAILABLE", "the model is loading; retry shortly")
     finally:
         gate.set()
     try:
@@ -775,6 +778,8 @@ class MainRun:
             thread.start()
         argv = ["--model-dir", str(self.bundle), "--host", "127.0.0.1", "--port", str(self.port)]
         code = main([*argv, "--metrics-port", "-1", "--no-warmup", "--log-level", "INFO", *args])
+        for sig in (signal.SIGTERM, signal.SIGINT):  # asyncio put the defaults back: keep the test run safe
+            signal.signal(sig, lambda signum, frame: None)
         if thread:
             thread.join(30)
         if errors:
@@ -789,7 +794,14 @@ class MainRun:
 def main_run(monkeypatch, capsys, fake_bundle):
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
+    # main() installs its own handlers while it runs; outside it (before, or once it has returned, e.g. on
+    # a settings error), a signal meant for it must not end the test run.
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: None) for sig in (signal.SIGTERM, signal.SIGINT)
+    }
     yield MainRun(monkeypatch, capsys, fake_bundle)
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
     root.handlers[:] = handlers
     root.setLevel(level)
 
@@ -842,12 +854,6 @@ def refusing(target: str) -> bool:
     return False
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server/app.py TranslatorServer.stop: a second stop() (the second signal's stop(0)) only waits "
-    "for the first one, so in-flight calls keep their whole grace period (fix: call self.server.stop(grace) "
-    "before waiting)",
-)
 def test_main_second_signal_stops_at_once(main_run):
     engine = GatedEngine(step_s=0)
     result: dict = {}
@@ -940,7 +946,18 @@ def test_main_serves_what_the_flags_say(main_run):
     assert seen["info"] == ("int8", "request", 5)
     assert (seen["config"].variant, seen["config"].max_texts) == ("int8", 5)
     (ready,) = [line for line in lines if line["msg"] == "model ready; serving"]
-    assert (ready["name"], ready["batching_mode"], ready["batching"]) == ("fake-en-es", "request", True)
+    assert (ready["name"], ready["version"], ready["batching_mode"], ready["batching"]) == (
+        "fake-en-es",
+        "1",
+        "request",
+        True,
+    )
+    assert (ready["providers"], ready["max_source_tokens"], ready["threads"]) == (
+        ["FakeExecutionProvider"],
+        64,
+        None,
+    )
+    assert ready["load_seconds"] >= 0
     (listening,) = [line for line in lines if line["msg"] == "gRPC server listening"]
     assert (listening["port"], listening["tls"], listening["metrics_port"]) == (
         int(main_run.port),
@@ -957,3 +974,15 @@ def test_bearer_credentials_parsing():
     assert bearer_credentials(b"Bearer \tabc") == b"\tabc"  # only spaces separate: the tab is the token's
     assert bearer_credentials(b"Bearer") is None and bearer_credentials(b"Basic abc") is None
     assert bearer_credentials(b"Bearerabc") is None
+
+
+@pytest.mark.parametrize(("on_cuda", "rows"), [(False, 64), (True, 512)])
+def test_running_rows_default_to_64_on_cpu_and_512_on_cuda(start_fake_server, on_cuda, rows):
+    engine = FakeEngine(step_s=0)
+    engine.on_cuda = on_cuda
+    server = start_fake_server(engine, max_running_rows=0)
+    assert server.server.scheduler.strategy.max_running_rows == rows
+    assert (
+        start_fake_server(FakeEngine(step_s=0), max_running_rows=7).server.scheduler.strategy.max_running_rows
+        == 7
+    )
