@@ -162,7 +162,9 @@ def shipped_bundle(tmp_path_factory) -> Path:
         pytest.skip(
             f"no shipped model: {SHIPPED_CHECKPOINT} has no config.json + model.safetensors (make train)"
         )
-    return run_export(SHIPPED_CHECKPOINT, tmp_path_factory.mktemp("shipped") / "en-es-small")
+    # Both variants, as `make bundle` exports them: the int8 server's golden test needs int8.
+    out = tmp_path_factory.mktemp("shipped") / "en-es-small"
+    return run_export(SHIPPED_CHECKPOINT, out, "--variants", "fp32,int8")
 
 
 # ---- in-process servers ----------------------------------------------------------------------------
