@@ -132,14 +132,9 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m client", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to translate (default: stdin lines)")
+def add_translation_args(p: argparse.ArgumentParser) -> None:
+    """Decoding options and the glossary, shared by every subcommand (see translation_options)."""
     p.add_argument("--beam-size", type=int, default=0, help="beam width, 1 = greedy (default: model's)")
-    p.add_argument("--num-hypotheses", type=int, default=0, help="n-best size (default: model's)")
-    p.add_argument("--max-length", type=int, default=0, help="max generated tokens (default: from source)")
     p.add_argument("--length-penalty", type=float, default=None, help="GNMT alpha (default: model's)")
     p.add_argument(
         "--repetition-penalty",
@@ -161,6 +156,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--keep", action="append", default=[], metavar="TERM", help="keep TERM untranslated (repeatable)"
     )
+
+
+def translation_options(args: argparse.Namespace) -> dict:
+    """add_translation_args' decoding options as TranslatorClient.translate keywords."""
+    return dict(
+        beam_size=args.beam_size,
+        length_penalty=args.length_penalty,
+        repetition_penalty=args.repetition_penalty,
+        no_repeat_ngram_size=args.no_repeat_ngram_size,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m client", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to translate (default: stdin lines)")
+    add_translation_args(p)
+    p.add_argument("--num-hypotheses", type=int, default=0, help="n-best size (default: model's)")
+    p.add_argument("--max-length", type=int, default=0, help="max generated tokens (default: from source)")
     p.add_argument(
         "--no-notes",
         action="store_true",
@@ -276,14 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --batch-size and --parallel must be >= 1, --wait-s >= 0", file=sys.stderr)
         return EXIT_USAGE
     client = client_from_args(args)
-    options = dict(
-        beam_size=args.beam_size,
-        num_hypotheses=args.num_hypotheses,
-        max_length=args.max_length,
-        length_penalty=args.length_penalty,
-        return_scores=args.scores,
-        repetition_penalty=args.repetition_penalty,
-        no_repeat_ngram_size=args.no_repeat_ngram_size,
+    options = translation_options(args) | dict(
+        num_hypotheses=args.num_hypotheses, max_length=args.max_length, return_scores=args.scores
     )
     try:
         glossary = read_glossary(args.glossary, args.keep)

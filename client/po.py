@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m client po", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    from client.__main__ import add_connection_args  # the CLI's own options (imported late: no cycle)
+    # The CLI's own options (imported late: no cycle).
+    from client.__main__ import add_connection_args, add_translation_args
 
     p.add_argument("inputs", nargs="+", metavar="IN", help=".pot/.po files, directories, or - (stdin)")
     add_connection_args(p)
@@ -76,12 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="accelerator markers among _ & ~, the catalog's first; none; or auto: the header's "
         "X-Accelerator-Marker, else what the msgids use (default: %(default)s)",
     )
-    p.add_argument("--beam-size", type=int, default=0, help="beam width, 1 = greedy (default: model's)")
-    p.add_argument("--length-penalty", type=float, default=None, help="GNMT alpha (default: model's)")
-    p.add_argument("--repetition-penalty", type=float, default=None, help="(default: model's)")
-    p.add_argument("--no-repeat-ngram-size", type=int, default=None, help="(default: model's)")
-    p.add_argument("--glossary", metavar="FILE", help="lines ENGLISH<TAB>SPANISH, or ENGLISH to keep it")
-    p.add_argument("--keep", action="append", default=[], metavar="TERM", help="keep TERM (repeatable)")
+    add_translation_args(p)
     p.add_argument("--batch-size", type=int, default=16, help="texts per stream item (default: 16)")
     p.add_argument("--parallel", type=int, default=4, help="stream items in flight (default: 4)")
     p.add_argument(
@@ -259,7 +255,15 @@ def translate_catalog(run: Run, source: str, target: str) -> Outcome:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from client.__main__ import EXIT_ERROR, EXIT_OK, EXIT_USAGE, client_from_args, explain, read_glossary
+    from client.__main__ import (
+        EXIT_ERROR,
+        EXIT_OK,
+        EXIT_USAGE,
+        client_from_args,
+        explain,
+        read_glossary,
+        translation_options,
+    )
 
     args = build_parser().parse_args(argv)
     if args.batch_size < 1 or args.parallel < 1 or args.save_every < 1 or args.wait_s < 0:
@@ -281,12 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
     client = client_from_args(args)
-    options = dict(
-        beam_size=args.beam_size,
-        length_penalty=args.length_penalty,
-        repetition_penalty=args.repetition_penalty,
-        no_repeat_ngram_size=args.no_repeat_ngram_size,
-    )
+    options = translation_options(args)
     status, started = EXIT_OK, False
     try:
         if args.wait_s > 0:
