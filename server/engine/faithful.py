@@ -91,6 +91,7 @@ class TextLayer:
         self.source_words = frozenset(source_words)
         self._byte_piece = lru_cache(maxsize=8192)(self._is_rare)
         self._unknown = lru_cache(maxsize=65536)(self._is_unknown) if self.source_words else None
+        self._plain_spans = lru_cache(maxsize=4096)(lambda text: tuple(self._find_spans(text, None)))
 
     def _is_unknown(self, word: str) -> bool:
         """Whether the model never saw `word` in any inflection (runtime.faithful.terms)."""
@@ -103,6 +104,13 @@ class TextLayer:
         return bool(ids) and all(sp.is_byte(i) for i in ids)
 
     def spans(self, text: str, glossary: Glossary | None = None) -> list[Span]:
+        """The protected spans of `text`. Without a glossary they are cached: the first round looks at a
+        text up to three times (does it fit, its sentences, its unit)."""
+        if glossary is None:
+            return list(self._plain_spans(text))
+        return self._find_spans(text, glossary)
+
+    def _find_spans(self, text: str, glossary: Glossary | None) -> list[Span]:
         return find_spans(
             text,
             keep_terms=self.keep_terms,
