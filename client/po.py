@@ -21,8 +21,8 @@ Directory or several inputs: OUT is a directory and each output keeps its input'
 (app.pot -> OUT/app.po). Exit status as `python -m client` (0 ok, 2 usage, 3 server unreachable, ...,
 130 interrupted); entries left untranslated do not change it.
 
-Modules: client.po_catalog (reading, resuming, filling, header, msgfmt checks), client.po_stream
-(TranslateStream), client.po_text (accelerators). Documentation: docs/service.md, "Translating gettext
+Modules: runtime.po_catalog (reading, resuming, filling, header, msgfmt checks), client.po_stream
+(TranslateStream), runtime.po_text (accelerators). Documentation: docs/service.md, "Translating gettext
 catalogs".
 """
 
@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from client.core import TranslatorError
-from client.po_catalog import (
+from client.po_stream import Run, stream
+from runtime.po_catalog import (
     CatalogError,
     Job,
     fill,
@@ -51,7 +52,6 @@ from client.po_catalog import (
     update_header,
     write_checked,
 )
-from client.po_stream import Run, stream
 
 EXIT_INTERRUPTED = 130
 

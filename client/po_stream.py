@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from client.core import StreamItem, TranslatorClient, TranslatorError
-from client.po_catalog import Job
+from runtime.po_catalog import Job
 
 
 @dataclass

@@ -20,8 +20,8 @@ import pytest
 
 from client import po as po_cli
 from client.core import SegmentNote, TranslatorClient
-from client.po_catalog import has_translation, render
-from client.po_text import candidates, catalog_markers, gettext_count, place_accelerator, strip_accelerator
+from runtime.po_catalog import has_translation, render
+from runtime.po_text import candidates, catalog_markers, gettext_count, place_accelerator, strip_accelerator
 from tests.conftest import REPO_ROOT, free_port
 
 DATA = REPO_ROOT / "tests" / "data" / "po"
