@@ -158,11 +158,13 @@ soak: install bundle
 # $(MUTATION_DIR) && mutmut show NAME` shows one); docs/mutation.md keeps the scores and the reasons.
 MUTATION_DIR ?= /tmp/translator-mutation
 MUTATE ?=
+# Parallel mutants: the serving tests mostly wait on sockets and sleeps.
+MUTATION_JOBS ?= 4
 mutation: install
 	rm -rf $(MUTATION_DIR) && mkdir -p $(MUTATION_DIR)/mutants/models/en-es-small
 	git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C $(MUTATION_DIR)
 	cp $(MODEL)/tokenizer.model $(MUTATION_DIR)/mutants/models/en-es-small/
-	cd $(MUTATION_DIR) && TRANSLATOR_TEST_CACHE=$(MUTATION_DIR)/test-cache $(abspath $(VENV))/bin/mutmut run $(foreach m,$(MUTATE),'$(m)')
+	cd $(MUTATION_DIR) && TRANSLATOR_TEST_CACHE=$(MUTATION_DIR)/test-cache $(abspath $(VENV))/bin/mutmut run --max-children $(MUTATION_JOBS) $(foreach m,$(MUTATE),'$(m)')
 	cd $(MUTATION_DIR) && $(abspath $(VENV))/bin/mutmut export-cicd-stats && cat mutants/mutmut-cicd-stats.json
 	cd $(MUTATION_DIR) && $(abspath $(VENV))/bin/mutmut results
 

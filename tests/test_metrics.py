@@ -206,3 +206,28 @@ def test_prometheus_scrapes_the_server(tiny_server, client_for, tmp_path):
             proc.kill()
             proc.wait(5)
         log.close()
+
+
+def test_histograms_have_the_documented_buckets():
+    """The dashboards and alerts (deploy/) read these buckets: latency 5 ms .. 60 s and the rest."""
+    from server import metrics as m
+
+    metrics = m.Metrics(process_metrics=False)
+    latency = metrics.request_latency
+    latency.labels(*["x"] * len(latency._labelnames)).observe(0.1)  # labelled: samples once a child exists
+    registry = metrics.registry
+    expected = {
+        "translator_request_duration_seconds": m.LATENCY_BUCKETS,
+        "translator_batch_decode_seconds": m.LATENCY_BUCKETS,
+        "translator_queue_wait_seconds": m.QUEUE_BUCKETS,
+        "translator_time_to_first_step_seconds": m.QUEUE_BUCKETS,
+        "translator_batch_segments": m.BATCH_SEGMENT_BUCKETS,
+        "translator_batch_rows": m.BATCH_ROW_BUCKETS,
+        "translator_batch_tokens": m.BATCH_TOKEN_BUCKETS,
+    }
+    assert m.LATENCY_BUCKETS[0] == 0.005 and m.LATENCY_BUCKETS[-1] == 60.0
+    for family in registry.collect():
+        if family.name in expected:
+            bounds = sorted({float(s.labels["le"]) for s in family.samples if s.name.endswith("_bucket")})
+            assert bounds == [*map(float, expected.pop(family.name)), float("inf")], family.name
+    assert not expected  # every histogram seen

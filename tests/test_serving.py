@@ -298,10 +298,10 @@ def test_request_metrics_count_exactly(start_fake_server, client_for):
     def v(metric: str, **labels: str) -> float:
         return value(server, metric, **labels)
 
-    assert v("translator_requests_total", rpc="Translate", code="OK") == 4
-    assert v("translator_requests_total", rpc="Translate", code="INVALID_ARGUMENT") == 1
-    assert v("translator_requests_total", rpc="TranslateStream", code="OK") == 1
-    assert v("translator_requests_total", rpc="GetModelInfo", code="OK") == 1
+    assert v("translator_requests_total", rpc="Translate", code="OK", transport="grpc") == 4
+    assert v("translator_requests_total", rpc="Translate", code="INVALID_ARGUMENT", transport="grpc") == 1
+    assert v("translator_requests_total", rpc="TranslateStream", code="OK", transport="grpc") == 1
+    assert v("translator_requests_total", rpc="GetModelInfo", code="OK", transport="grpc") == 1
     assert v("translator_stream_items_total", code="OK") == 1
     assert v("translator_stream_items_total", code="INVALID_ARGUMENT") == 1
     assert v("translator_request_duration_seconds_count", rpc="Translate") == 5  # errors included
@@ -339,8 +339,10 @@ def test_request_metrics_count_exactly(start_fake_server, client_for):
 def test_inflight_metrics_count_steps_rows_and_first_steps(start_fake_server, client_for):
     server = start_fake_server(batching_mode="inflight")
     c = client_for(server, retries=0)
+    t0 = time.monotonic()
     c.translate(["Open the file"], beam_size=2, max_length=4)  # 4 steps of 2 rows
     c.translate(["Print"], beam_size=1, max_length=3)  # 3 steps of 1 row
+    assert 0 < value(server, "translator_time_to_first_step_seconds_sum") < time.monotonic() - t0
     assert value(server, "translator_decode_steps_total") == 7
     assert (
         value(server, "translator_batch_rows_count") == 7 and value(server, "translator_batch_rows_sum") == 11
@@ -660,7 +662,8 @@ def test_drain_reports_not_serving_then_refuses_while_in_flight_requests_finish(
     start_fake_server, channel_to, server_loop
 ):
     engine = GatedEngine(step_s=0)
-    server = start_fake_server(engine, drain_delay_s=1.5, shutdown_grace_s=30)
+    # A drain delay long enough for the checks below on a loaded CI machine (1.5 s was not, once).
+    server = start_fake_server(engine, drain_delay_s=4, shutdown_grace_s=30)
     channel = channel_to(server)
     stub, health = pb_grpc.TranslatorStub(channel), health_pb2_grpc.HealthStub(channel)
     watch = health.Watch(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=30)
@@ -698,7 +701,7 @@ def test_drain_reports_not_serving_then_refuses_while_in_flight_requests_finish(
             return True
         return False
 
-    assert wait_for(refused, 5, 0.05)
+    assert wait_for(refused, 10, 0.05)
     assert not held.done() and not stopping.done()
     engine.gate.set()
     assert held.result(30).translations[0].hypotheses[0].text == "words held"
@@ -986,3 +989,16 @@ def test_running_rows_default_to_64_on_cpu_and_512_on_cuda(start_fake_server, on
         start_fake_server(FakeEngine(step_s=0), max_running_rows=7).server.scheduler.strategy.max_running_rows
         == 7
     )
+
+
+def test_a_failed_request_counts_its_queued_segments_as_failed(start_fake_server, client_for):
+    """One segment per batch: the first segment's batch fails, and the request's segments still queued
+    leave with it, counted as failed too (never translated)."""
+    server = start_fake_server(
+        FakeEngine(step_s=0.001, fail_on="boom"), batching_mode="request", max_batch_segments=1, max_wait_ms=0
+    )
+    with pytest.raises(TranslatorError) as e:
+        client_for(server, retries=0).translate(["boom", "fine words", "more words"], max_length=3)
+    assert e.value.code == grpc.StatusCode.INTERNAL
+    assert value(server, "translator_segments_total", outcome="failed") == 3
+    assert value(server, "translator_segments_total", outcome="translated") == 0
