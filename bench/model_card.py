@@ -139,7 +139,7 @@ def render(args: argparse.Namespace) -> str:
     ]
     if "int8" in reports and "fp32" in reports:
         delta = reports["int8"]["systems"]["model"]["bleu"] - reports["fp32"]["systems"]["model"]["bleu"]
-        out.append(f"int8 (weight-only 8-bit MatMulNBits) vs fp32 engine: {delta:+.2f} BLEU.")
+        out.append(f"int8 (integer GEMMs, activations quantized per row) vs fp32 engine: {delta:+.2f} BLEU.")
     if apertium:
         out += ["", "chrF by test package (model / Apertium):", "", "| package | pairs | model | Apertium |",
                 "| --- | --- | --- | --- |"]  # fmt: skip

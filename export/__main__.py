@@ -47,12 +47,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--optimize", action="store_true", help="apply onnxruntime.transformers optimizer (fp32)"
     )
-    parser.add_argument(
-        "--int8-block-size",
-        type=int,
-        default=32,
-        help="int8 weight scales: one per output channel and block of this many inputs (power of 2, >= 16)",
-    )
     parser.add_argument("--data", type=Path, default=Path("data"), help="corpus dir with test.en for parity")
     parser.add_argument("--parity-sentences", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1, help="ORT threads for the parity runs")
@@ -89,7 +83,6 @@ def main(argv: list[str] | None = None) -> int:
             repetition_penalty=args.repetition_penalty,
             no_repeat_ngram_size=args.no_repeat_ngram_size,
             optimize=args.optimize,
-            int8_block_size=args.int8_block_size,
             data_dir=args.data,
             parity_sentences=args.parity_sentences,
             threads=args.threads,

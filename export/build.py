@@ -18,7 +18,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from export import cache_graphs, precision, verify
+from export import cache_graphs, int8, precision, verify
 from export import onnx_export as ox
 from model.model import Transformer
 from model.tokenizer import MODEL_FILE, Tokenizer
@@ -98,7 +98,6 @@ def export_bundle(
     repetition_penalty: float = 1.0,
     no_repeat_ngram_size: int = 0,
     optimize: bool = False,
-    int8_block_size: int = precision.INT8_BLOCK_SIZE,
     data_dir: Path | None = None,
     parity_sentences: int = 16,
     threads: int = 1,
@@ -129,8 +128,6 @@ def export_bundle(
         )
     if not 1 <= beam_size <= max_beam_size or not 1 <= num_hypotheses <= beam_size:
         raise ValueError("need 1 <= num_hypotheses <= beam_size <= max_beam_size")
-    if "int8" in variants and int8_block_size not in (16, 32, 64, 128, 256):
-        raise ValueError(f"int8 block size must be 16, 32, 64, 128 or 256, got {int8_block_size}")
     weights_sha = sha256_file(checkpoint / "model.safetensors")
     name = name or checkpoint.resolve().name
     version = version or f"{dt.datetime.now(dt.UTC):%Y%m%d}-{weights_sha[:8]}"
@@ -143,7 +140,7 @@ def export_bundle(
     stage.chmod(0o755)
     try:
         manifest = _build(
-            model, tokenizer, checkpoint, stage, variants, optimize, int8_block_size, data_dir,
+            model, tokenizer, checkpoint, stage, variants, optimize, data_dir,
             parity_sentences, threads, max_source_tokens,
         )  # fmt: skip
         for key, file in (("keep_terms", KEEP_TERMS), ("source_words", SOURCE_WORDS)):
@@ -219,7 +216,6 @@ def _build(
     stage: Path,
     variants: tuple[str, ...],
     optimize: bool,
-    int8_block_size: int,
     data_dir: Path | None,
     parity_sentences: int,
     threads: int,
@@ -255,7 +251,7 @@ def _build(
                 for g, dst in (("encoder", enc), ("decoder", dec)):
                     _step(
                         f"int8 {g}",
-                        lambda g=g, dst=dst: precision.quantize_int8(raw / f"{g}.onnx", dst, int8_block_size),
+                        lambda g=g, dst=dst: int8.quantize_int8(raw / f"{g}.onnx", dst),
                     )
                 elem = onnx.TensorProto.FLOAT
             else:
@@ -270,9 +266,7 @@ def _build(
             info["variants"][variant] = {g: f"{variant}/{g}.onnx" for g in (*GRAPHS, *OPTIONAL_GRAPHS)}
             info["variants"][variant]["precision"] = {
                 "fp32": "float32",
-                "int8": f"8-bit weight-only MatMulNBits (symmetric, per-channel blocks of {int8_block_size} "
-                f"along K), int8 compute with activations quantized per row and block (accuracy_level "
-                f"{precision.INT8_ACCURACY_LEVEL}: batch-invariant), float32 K/V cache",
+                "int8": int8.DESCRIPTION,
                 "fp16": "float16 weights and K/V cache; float32 ids, bias, scores, log-softmax and top-k",
             }[variant]
             info["node_counts"][variant] = {

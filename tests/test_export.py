@@ -159,7 +159,7 @@ def test_bundle_layout_and_manifest(tiny: TinyBundle):
     for variant, graphs in m["variants"].items():
         names = ("encoder", "decoder", "cache", "kv_rows", "kv_step")
         assert {g: graphs[g] for g in names} == {g: f"{variant}/{g}.onnx" for g in names}
-    assert "per-channel" in m["variants"]["int8"]["precision"]
+    assert "per row" in m["variants"]["int8"]["precision"]
     assert "batch-invariant" in m["variants"]["int8"]["precision"]
     assert "bundle " in tiny.stdout.splitlines()[-1] and "parity fp32" in tiny.stdout.splitlines()[-1]
 
@@ -327,8 +327,4 @@ def test_export_rejects_bad_arguments(tiny: TinyBundle, tmp_path: Path, capsys):
     args = ["--checkpoint", str(tiny.checkpoint), "--out", str(tmp_path / "b"), "--max-source-tokens", "512"]
     assert export_main(args) == 1
     assert "max_positions" in capsys.readouterr().err
-    args = ["--checkpoint", str(tiny.checkpoint), "--out", str(tmp_path / "b"), "--int8-block-size", "48"]
-    args += ["--max-source-tokens", str(MAX_SOURCE_TOKENS), "--max-length-cap", str(MAX_LENGTH_CAP)]
-    assert export_main(args) == 1
-    assert "block size" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
