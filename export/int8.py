@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from export.precision import gemm_to_matmul
+from export.precision import gemm_to_matmul, replace_nodes
 
 WEIGHT_LEVELS = 63  # 7-bit symmetric weights: no int16 saturation in AVX2 u8 x s8 kernels
 ACTIVATION_LEVELS = 127  # 8-bit activations, stored as uint8 with zero point 128
@@ -139,12 +139,7 @@ def quantize_int8(src: Path, dst: Path) -> dict[str, int]:
             new_nodes.append(helper.make_node("Add", [f"{base}_rows", bias], [out]))
             stats["bias_added"] += 1
         stats["quantized"] += 1
-    del g.node[:]
-    g.node.extend(new_nodes)
-    used = {i for nd in g.node for i in nd.input}
-    keep = [t for t in g.initializer if t.name in used]
-    del g.initializer[:]
-    g.initializer.extend(keep)
+    replace_nodes(g, new_nodes)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     onnx.save(model, str(dst))

@@ -46,13 +46,18 @@ def gemm_to_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
             new_nodes.append(
                 helper.make_node("Add", [mm_out, node.input[2]], [node.output[0]], name=f"{node.name}_bias")
             )
+    replace_nodes(g, new_nodes)
+    return model
+
+
+def replace_nodes(g: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
+    """Make `nodes` the graph's nodes and drop the initializers no node reads any more."""
     del g.node[:]
-    g.node.extend(new_nodes)
+    g.node.extend(nodes)
     used = {i for n in g.node for i in n.input}
     keep = [t for t in g.initializer if t.name in used]
     del g.initializer[:]
     g.initializer.extend(keep)
-    return model
 
 
 FP16_KEEP_FP32_IO = ["src_ids", "memory", "src_bias", "beam_scores", "log_probs", "topk_scores"]
