@@ -25,7 +25,6 @@ import argparse
 import cProfile
 import json
 import os
-import platform
 import pstats
 import random
 import shutil
@@ -39,6 +38,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from bench.machine import SAMPLE_TEXTS, cpu_info, describe, sample_texts
 from model.decode import beam_search, greedy_decode, max_output_length
 from model.model import KV, Transformer
 from model.tokenizer import Tokenizer
@@ -427,7 +427,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--model", type=Path, default=Path("models/en-es-small"))
     parser.add_argument("--bundle", type=Path, default=Path("bundles/en-es-small"))
-    parser.add_argument("--data", type=Path, default=Path("data"))
+    parser.add_argument(
+        "--texts",
+        type=Path,
+        default=SAMPLE_TEXTS,
+        help="sentences to translate, one per line (default: "
+        "the shipped sample, half UI strings, half one-to-three-sentence descriptions)",
+    )
+    parser.add_argument("--data", type=Path, help="sample the corpus' test split here instead of --texts")
     parser.add_argument("--sentences", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -457,6 +464,7 @@ def main(argv: list[str] | None = None) -> None:
         pass
     notes: list[str] = []
     load_before = os.getloadavg()
+    machine = cpu_info()
 
     # Snapshot the model directory: training may rewrite it while we run.
     tmp = Path(tempfile.mkdtemp(prefix="bench-"))
@@ -470,7 +478,12 @@ def main(argv: list[str] | None = None) -> None:
         model = load_release(snapshot)
         tok = Tokenizer(snapshot / "tokenizer.model")
         # Stripped: the engine translates the stripped text (keeping the outer whitespace aside).
-        pool = [p[0].strip() for p in read_split(args.data, "test") if p[0].strip()]
+        if args.data is None:
+            pool = sample_texts(args.texts)
+            origin = str(args.texts)
+        else:
+            pool = [p[0].strip() for p in read_split(args.data, "test") if p[0].strip()]
+            origin = f"{args.data} test split"
         pool = [
             t
             for t, ids in zip(pool, tok.encode_batch(pool), strict=True)
@@ -479,9 +492,9 @@ def main(argv: list[str] | None = None) -> None:
         texts = random.Random(args.seed).sample(pool, min(args.sentences, len(pool)))
         src_lens = [len(s) for s in tok.encode_batch(texts)]
         log(
-            f"{len(texts)} test sentences (seed {args.seed}), {sum(src_lens)} source tokens, "
+            f"{len(texts)} sentences of {origin} (seed {args.seed}), {sum(src_lens)} source tokens, "
             f"mean {statistics.mean(src_lens):.1f}; model {args.model} (sha256 {model_sha[:12]}), "
-            f"{args.threads} threads, load average {load_before[0]:.2f}"
+            f"{args.threads} threads, load average {load_before[0]:.2f}; CPU: {describe(machine)}"
         )
 
         systems: dict[str, System] = {}
@@ -584,7 +597,7 @@ def main(argv: list[str] | None = None) -> None:
 
         print(
             f"\n{len(texts)} sentences, {args.threads} threads, median of {args.reps} reps "
-            f"(load average {load_before[0]:.2f} -> {load_after[0]:.2f})\n"
+            f"(load average {load_before[0]:.2f} -> {load_after[0]:.2f}); CPU: {describe(machine)}\n"
         )
         print(md)
         print()
@@ -659,8 +672,8 @@ def main(argv: list[str] | None = None) -> None:
                     "length_penalty": LENGTH_PENALTY,
                     "loadavg_before": load_before,
                     "loadavg_after": load_after,
-                    "cpu": platform.processor() or platform.machine(),
-                    "cpu_count": os.cpu_count(),
+                    "texts": origin,
+                    "cpu": machine,
                     "torch": torch.__version__,
                     "versions": _versions(),
                 },

@@ -134,3 +134,31 @@ def test_bench_batching_summary_objective_and_sustained_rates(tmp_path):
     report["summary"] = {"beam1": s}
     plot(report, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# ---- bench.engine_speed ---------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("torch_single_thread")
+def test_engine_speed_runs_on_the_shipped_sample_without_a_corpus(tiny: TinyBundle, tmp_path: Path, capsys):
+    """`make bench` from a clean clone: no data/ directory, the shipped sentences, the CPU named."""
+    from bench import engine_speed
+    from bench.machine import sample_texts
+
+    texts = sample_texts()
+    assert len(texts) == 64 and len(set(texts)) == 64
+    assert sum(len(t.split()) > 15 for t in texts) >= 24 and sum(len(t.split()) <= 6 for t in texts) >= 24
+    out = tmp_path / "speed.json"
+    argv = ["--model", str(tiny.checkpoint), "--bundle", str(tiny.bundle), "--sentences", "6", "--reps", "1"]
+    argv += ["--threads", "1", "--systems", "engine-fp32,engine-int8", "--settings", "b1-greedy,b32-beam4"]
+    argv += ["--max-source-tokens", "20"]  # the tiny bundle takes 24
+    engine_speed.main([*argv, "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert report["meta"]["texts"].endswith("speed.en") and report["meta"]["sentences"] == 6
+    cpu = report["meta"]["cpu"]
+    assert cpu["model"] and isinstance(cpu["vector_extensions"], list) and cpu["logical_cpus"] >= 1
+    assert {r["system"] for r in report["results"]} == {"engine-fp32", "engine-int8"}
+    assert report["batch1_vs_batch32_differences"] == {} or all(
+        v == 0 for v in report["batch1_vs_batch32_differences"].values()
+    )
+    assert f"CPU: {cpu['model']}" in capsys.readouterr().out
