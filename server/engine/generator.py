@@ -188,11 +188,8 @@ class Generator:
         if active.size == 0:
             return self._results(finished, dropped, num_hypotheses)
 
-        src = np.full((active.size, self.source_width(src_lens[active])), self.pad_id, dtype=np.int64)
-        for row, b in enumerate(active):
-            src[row, : src_lens[b]] = sources[b]
         t0 = time.perf_counter()
-        bias, cross = cache.encode(src)
+        bias, cross = self._encode([sources[b] for b in active])
         stats["encoder_s"] = time.perf_counter() - t0
 
         n_act = active.size
@@ -330,6 +327,36 @@ class Generator:
             if s < bias.shape[1]:
                 return np.ascontiguousarray(bias[keep_pos, :s]), self.cache.take(cross, keep_pos, s)
         return bias[keep_pos], self.cache.take(cross, keep_pos)
+
+    def _encode(self, sources: list[Sequence[int]]) -> tuple[np.ndarray, list[Any]]:
+        """Encoder outputs (bias (N, W), cross K/V) of `sources`, W the widest one's bucket.
+
+        On the host cache, one encoder call per source width (as the in-flight batch admits them):
+        padding a 5-token string to a 60-token description would cost the encoder more than another
+        call. Real positions come out bit-identical at any bucketed width; the padding is bias -inf
+        and zero K/V, which the decoder's attention weighs at exactly 0."""
+        lens = np.array([len(s) for s in sources], dtype=np.int64)
+        widths = np.array([self.source_width(lens[i : i + 1]) for i in range(lens.size)], dtype=np.int64)
+        width = int(widths.max())
+        if isinstance(self.cache, BoundCache) or np.unique(widths).size == 1:
+            src = np.full((lens.size, width), self.pad_id, dtype=np.int64)
+            for row, ids in enumerate(sources):
+                src[row, : lens[row]] = ids
+            return self.cache.encode(src)
+        bias = np.full((lens.size, width), -np.inf, dtype=np.float32)
+        cross: list[np.ndarray] = []
+        for w in np.unique(widths).tolist():
+            rows = np.flatnonzero(widths == w)
+            src = np.full((rows.size, w), self.pad_id, dtype=np.int64)
+            for r, i in enumerate(rows.tolist()):
+                src[r, : lens[i]] = sources[i]
+            bias_w, cross_w = self.cache.encode(src)
+            if not cross:
+                cross = [np.zeros((lens.size, x.shape[1], width, x.shape[3]), dtype=x.dtype) for x in cross_w]
+            bias[rows, :w] = bias_w
+            for x, c in zip(cross, cross_w, strict=True):
+                x[rows, :, :w] = c
+        return bias, cross
 
     @staticmethod
     def _cancel_mask(
