@@ -62,6 +62,7 @@ class TrainConfig:
     valid_every: int = 500
     valid_bleu_sentences: int = 500
     save_every: int = 100  # steps between last.pt checkpoints (besides validation)
+    keep_snapshots: int = 0  # keep the weights of the last N validations in run-dir/snapshots (model.average)
     rewarm: int = 100  # with --init-from: steps to ramp the learning rate back up (fresh Adam moments)
     repeat_frequent: int = 1  # 1: a pair shipped by n packages is seen 1 + floor(log2 n) times an epoch
     seed: int = 1234
@@ -188,6 +189,25 @@ def release_metrics(
         "threads": record.get("threads", torch.get_num_threads()),
         "train_pairs": train_pairs,
     }  # fmt: skip
+
+
+SNAPSHOTS = "snapshots"
+
+
+def novel_valid_sample(valid_novel: list[tuple[str, str]], n: int) -> list[tuple[str, str]]:
+    """The novel valid pairs the checkpoint criterion is measured on (the same n pairs every time)."""
+    return random.Random(0).sample(valid_novel, min(len(valid_novel), n))
+
+
+def save_snapshot(model: Transformer, snapshot_dir: Path, step: int, keep: int) -> None:
+    """fp32 weights of this validation step as snapshot_dir/step-NNNNNNN.safetensors; only the newest
+    `keep` are kept (model.average averages them)."""
+    snapshot_dir.mkdir(parents=True, exist_ok=True)
+    (snapshot_dir / "config.json").write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
+    state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(snapshot_dir / f"step-{step:07d}.safetensors"), metadata={"step": str(step)})
+    for old in sorted(snapshot_dir.glob("step-*.safetensors"))[:-keep]:
+        old.unlink()
 
 
 def load_release(model_dir: Path, device: str | torch.device = "cpu") -> Transformer:
@@ -322,7 +342,7 @@ def main(argv: list[str] | None = None) -> None:
         for b in make_batches([(len(s), len(t) + 1) for s, t in valid], cfg.max_tokens, random.Random(0))
     ]
     bleu_sets = {
-        "novel": random.Random(0).sample(valid_novel, min(len(valid_novel), cfg.valid_bleu_sentences)),
+        "novel": novel_valid_sample(valid_novel, cfg.valid_bleu_sentences),
         "all": valid_sample[: cfg.valid_bleu_sentences],
     }
     common = load_common_strings(args.data) if (args.data / "train.jsonl").exists() else []
@@ -442,6 +462,8 @@ def main(argv: list[str] | None = None) -> None:
             metrics = release_metrics(model, record, history, vars(cfg), str(device), hardware, len(train))
             save_release(model, args.release_dir, tokenizer, metrics)
         checkpoint(record["train_seconds"])
+        if cfg.keep_snapshots:
+            save_snapshot(model, args.run_dir / SNAPSHOTS, step, cfg.keep_snapshots)
         tqdm.write(
             f"step {step} epoch {epoch}: valid loss {valid_loss:.3f}, novel BLEU {bleu:.2f} chrF {chrf:.2f}, "
             f"all BLEU {scores['all'][0]:.2f}, common strings {common_scores['accepted_percent']}% "

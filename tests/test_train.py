@@ -110,3 +110,38 @@ def test_frequent_pairs_repeat_by_log_of_their_package_count(tmp_path):
     assert out.count(("Cancel", "Cancelar")) == 7 and out.count(("Quit", "Salir")) == 2
     assert out.count(("Rare", "Raro")) == 1 and len(out) == 10
     assert repeat_frequent(pairs, tmp_path / "missing.jsonl") == pairs
+
+
+def test_snapshots_of_the_last_validations_average_into_a_release(tiny_data, tmp_path, monkeypatch, capsys):
+    """--keep-snapshots N keeps the newest N validations' weights; model.average scores each and their mean
+    and writes the mean as a release."""
+    import model.train as train_module
+    from model.average import main as average_main
+
+    monkeypatch.setattr(
+        train_module.TransformerConfig, "small", classmethod(
+            lambda cls, v: cls(vocab_size=v, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
+                               n_decoder_layers=1, max_positions=64)
+        ),
+    )  # fmt: skip
+    run = tmp_path / "run"
+    _run(tiny_data, run, "--max-steps", "3", "--valid-every", "1", "--keep-snapshots", "2")
+    capsys.readouterr()
+    snaps = sorted((run / "snapshots").glob("step-*.safetensors"))
+    assert [p.name for p in snaps] == ["step-0000002.safetensors", "step-0000003.safetensors"]
+    last = torch.load(run / "last.pt", weights_only=False)["model"]
+    for name, tensor in load_file(str(snaps[-1])).items():
+        assert torch.equal(tensor, last[name]), name
+    out = tmp_path / "avg"
+    argv = ["--run-dir", str(run), "--last", "2", "--tokenizer", str(TOKENIZER), "--data", str(tiny_data)]
+    assert average_main([*argv, "--valid-bleu-sentences", "4", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("novel valid BLEU") == 3 and "average of 2" in printed
+    a, b = (load_file(str(p)) for p in snaps)
+    averaged = load_file(str(out / "model.safetensors"))
+    for name in a:
+        assert torch.equal(averaged[name], ((a[name] + b[name]) / 2).half()), name
+    info = json.loads((out / "training.json").read_text())
+    assert info["best"]["averaged"] == [str(p) for p in snaps] and len(info["checkpoints"]) == 2
+    with pytest.raises(SystemExit):
+        average_main(["--checkpoints", str(snaps[0]), "--tokenizer", str(TOKENIZER)])
