@@ -45,6 +45,14 @@ def run_evaluations(args: argparse.Namespace) -> None:
     )  # fmt: skip
 
 
+def _shipped_weights(best: dict) -> str:
+    """'Best checkpoint: step N', or the steps an averaged release (model.average) is the mean of."""
+    if "averaged" in best:
+        steps = [p.rsplit("step-", 1)[-1].split(".")[0].lstrip("0") for p in best["averaged"]]
+        return f"Shipped weights: the mean of the checkpoints at steps {', '.join(steps)} (`model.average`)"
+    return f"Best checkpoint: step {best['step']:,}"
+
+
 def _row(name: str, s: dict) -> str:
     ph = s["placeholders"]
     kept = (
@@ -177,7 +185,7 @@ def render(args: argparse.Namespace) -> str:
         "",
         f"Settings: {json.dumps(training['train_config'])}.",
         f"Hardware: {training.get('hardware', 'CPU (not recorded)')}, {training.get('threads', '?')} threads, "
-        f"device {training.get('device', 'cpu')}. Best checkpoint: step {best['step']:,} (epoch {best['epoch']}), "
+        f"device {training.get('device', 'cpu')}. {_shipped_weights(best)} (epoch {best['epoch']}), "
         f"{best['train_seconds'] / 3600:.2f} h of training in all, {training['train_pairs']:,} training pairs.",
         "Validation: loss on 4,000 valid pairs; greedy BLEU/chrF on 400 *novel* valid pairs (the checkpoint "
         "criterion) and on 400 of all valid pairs; the common UI strings' accepted share.",

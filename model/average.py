@@ -6,11 +6,12 @@
 
 A checkpoint is a snapshot (`--keep-snapshots N` in model.train writes run-dir/snapshots/step-*.safetensors
 at every validation), a `last.pt` training state, or a released model directory. Every checkpoint and
-their average are scored with the trainer's checkpoint criterion: greedy BLEU / chrF on the same novel
-valid pairs (`--valid-bleu-sentences`, default as in training runs), so the numbers compare with the
-`step ...: novel BLEU` lines of train.log. `--out` writes the average as a release directory (fp16
-safetensors, config, tokenizer, training.json with the scores and the averaged checkpoints); whether it
-ships is the release procedure's decision (it must beat the current release on this criterion).
+their average go through the trainer's own validation (`model.train.Validation`: valid loss, greedy
+BLEU / chrF on the same novel valid pairs, which is the checkpoint criterion, and on all valid pairs, the
+common UI strings), so the numbers compare with the `step ...:` lines of train.log. `--out` writes the
+average as a release directory (fp16 safetensors, config, tokenizer, training.json: with `--run-dir`, the
+run's curve and settings from its last.pt, and a 'best' record for the average); whether it ships is the
+release procedure's decision (`make release RELEASE=...`: it must beat the current release on valid).
 """
 
 from __future__ import annotations
@@ -20,15 +21,14 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-import sacrebleu
 import torch
 from safetensors.torch import load_file
 
-from model.corpus import read_novel, read_split
 from model.model import Transformer, TransformerConfig
 from model.tokenizer import Tokenizer
-from model.train import SNAPSHOTS, novel_valid_sample, save_release, translate
+from model.train import SNAPSHOTS, Validation, describe_scores, save_release
 
 
 def load_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -64,16 +64,6 @@ def average(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {k: torch.stack([s[k] for s in states]).mean(dim=0) for k in states[0]}
 
 
-def score(model: Transformer, tokenizer: Tokenizer, pairs: list[tuple[str, str]]) -> dict[str, float]:
-    """Greedy novel valid BLEU / chrF, as model.train's validation computes them."""
-    hyps = translate(model, tokenizer, [p[0] for p in pairs], torch.device("cpu"))
-    refs = [[p[1] for p in pairs]]
-    return {
-        "valid_bleu": round(sacrebleu.corpus_bleu(hyps, refs).score, 2),
-        "valid_chrf": round(sacrebleu.corpus_chrf(hyps, refs).score, 2),
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -96,34 +86,56 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     started = time.time()
     tokenizer = Tokenizer(args.tokenizer)
-    valid = read_split(args.data, "valid")
-    novel = [p for p, n in zip(valid, read_novel(args.data, "valid"), strict=True) if n]
-    pairs = novel_valid_sample(novel, args.valid_bleu_sentences)
-    states = [load_weights(p) for p in paths]
     config = load_config(paths[0])
     config.dropout = 0.0
+    validation = Validation.load(args.data, tokenizer, 128, 3000, args.valid_bleu_sentences)
+    states = [load_weights(p) for p in paths]
     model = Transformer(config).eval()
+    cpu = torch.device("cpu")
     results = []
     for path, state in zip(paths, states, strict=True):
         model.load_state_dict(state, strict=False)
-        results.append({"checkpoint": str(path), **score(model, tokenizer, pairs)})
-        print(
-            f"{path}: novel valid BLEU {results[-1]['valid_bleu']:.2f}, chrF {results[-1]['valid_chrf']:.2f}"
-        )
+        results.append({"checkpoint": str(path), **validation.measure(model, tokenizer, cpu)})
+        print(f"{path}: {describe_scores(results[-1])}", flush=True)
     model.load_state_dict(average(states), strict=False)
-    averaged = score(model, tokenizer, pairs)
+    averaged = validation.measure(model, tokenizer, cpu)
     best = max(results, key=lambda r: r["valid_bleu"])
     print(
-        f"average of {len(paths)}: novel valid BLEU {averaged['valid_bleu']:.2f}, "
-        f"chrF {averaged['valid_chrf']:.2f} "
-        f"(best single: {best['valid_bleu']:.2f}, {best['checkpoint']}; {len(pairs)} pairs, "
-        f"{time.time() - started:.0f} s)"
+        f"average of {len(paths)}: {describe_scores(averaged)}\n"
+        f"best single checkpoint: novel BLEU {best['valid_bleu']:.2f} ({best['checkpoint']}); "
+        f"{len(validation.bleu_sets['novel'])} novel valid pairs, {time.time() - started:.0f} s"
     )
     if args.out is not None:
-        metrics = {"best": {**averaged, "averaged": [str(p) for p in paths]}, "checkpoints": results}
-        save_release(model, args.out, tokenizer, metrics)
+        save_release(model, args.out, tokenizer, release_record(paths, averaged, results, args.run_dir))
         print(f"wrote {args.out}")
     return 0
+
+
+def release_record(
+    paths: list[Path], averaged: dict[str, Any], results: list[dict[str, Any]], run_dir: Path | None
+) -> dict[str, Any]:
+    """training.json of the averaged release: the run's curve and settings (from run-dir/last.pt) with a
+    'best' record for the average, at the step of the newest averaged snapshot."""
+    record: dict[str, Any] = {"averaged": [str(p) for p in paths], **averaged}
+    metrics: dict[str, Any] = {"best": record, "checkpoints": results}
+    if run_dir is not None and (run_dir / "last.pt").is_file():
+        state = torch.load(run_dir / "last.pt", map_location="cpu", weights_only=False)
+        steps = [int(p.stem.split("-")[1]) for p in paths if p.stem.startswith("step-")]
+        newest = next(
+            (r for r in state["history"] if steps and r["step"] == max(steps)), state["history"][-1]
+        )
+        record |= {k: newest[k] for k in ("step", "epoch", "train_seconds", "threads") if k in newest}
+        record.update(averaged)
+        metrics |= {
+            "history": state["history"],
+            "train_config": state["train_config"],
+            "parameters": sum(v.numel() for v in state["model"].values()),
+            "device": "cpu",
+            "hardware": state.get("hardware", ""),
+            "threads": newest.get("threads"),
+            "train_pairs": state.get("train_pairs"),
+        }
+    return metrics
 
 
 if __name__ == "__main__":

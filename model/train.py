@@ -32,6 +32,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import sacrebleu
 import torch
@@ -156,6 +157,57 @@ def evaluate_loss(
             total += float(loss_sum)
             count += int(n)
     return total / max(count, 1)
+
+
+@dataclass
+class Validation:
+    """What every validation measures, built once from the corpus (the same pairs every time): loss on
+    4,000 valid pairs, greedy BLEU/chrF on `bleu_sentences` novel valid pairs (the checkpoint criterion)
+    and on as many of all valid pairs, and the commonest UI strings of train."""
+
+    batches: list[list[tuple[list[int], list[int]]]]
+    bleu_sets: dict[str, list[tuple[str, str]]]
+    common: list[Any]
+
+    @classmethod
+    def load(
+        cls, data: Path, tokenizer: Tokenizer, max_len: int, max_tokens: int, bleu_sentences: int
+    ) -> Validation:
+        pairs = read_split(data, "valid")
+        novel = [p for p, is_novel in zip(pairs, read_novel(data, "valid"), strict=True) if is_novel]
+        sample = random.Random(0).sample(pairs, min(len(pairs), 4000))
+        valid = tokenize_pairs(tokenizer, sample, max_len)
+        lengths = [(len(s), len(t) + 1) for s, t in valid]
+        batches = [[valid[i] for i in b] for b in make_batches(lengths, max_tokens, random.Random(0))]
+        bleu_sets = {"novel": novel_valid_sample(novel, bleu_sentences), "all": sample[:bleu_sentences]}
+        common = load_common_strings(data) if (data / "train.jsonl").exists() else []
+        return cls(batches, bleu_sets, common)
+
+    def measure(self, model: Transformer, tokenizer: Tokenizer, device: torch.device) -> dict[str, Any]:
+        """valid_loss, valid_bleu / valid_chrf (novel: the criterion), valid_bleu_all / valid_chrf_all,
+        common_accepted_percent and common_repeated_word."""
+        out: dict[str, Any] = {"valid_loss": round(evaluate_loss(model, self.batches, device), 4)}
+        for name, pairs in self.bleu_sets.items():
+            hyps = translate(model, tokenizer, [p[0] for p in pairs], device)
+            refs = [[p[1] for p in pairs]]
+            suffix = "" if name == "novel" else f"_{name}"
+            out[f"valid_bleu{suffix}"] = round(sacrebleu.corpus_bleu(hyps, refs).score, 2)
+            out[f"valid_chrf{suffix}"] = round(sacrebleu.corpus_chrf(hyps, refs).score, 2)
+        common = score_common_strings(
+            self.common, translate(model, tokenizer, [c.source for c in self.common], device)
+        )
+        out["common_accepted_percent"] = common["accepted_percent"]
+        out["common_repeated_word"] = common["repeated_word"]
+        return out
+
+
+def describe_scores(r: dict[str, Any]) -> str:
+    """A validation's scores as train.log prints them."""
+    return (
+        f"valid loss {r['valid_loss']:.3f}, novel BLEU {r['valid_bleu']:.2f} chrF {r['valid_chrf']:.2f}, "
+        f"all BLEU {r['valid_bleu_all']:.2f}, common strings {r['common_accepted_percent']}% "
+        f"({r['common_repeated_word']} repeated)"
+    )
 
 
 def save_release(model: Transformer, release_dir: Path, tokenizer: Tokenizer, metrics: dict) -> None:
@@ -326,26 +378,14 @@ def main(argv: list[str] | None = None) -> None:
 
     tokenizer = Tokenizer(args.tokenizer)
     train_pairs = read_split(args.data, "train")
-    valid_pairs = read_split(args.data, "valid")
-    valid_novel = [p for p, novel in zip(valid_pairs, read_novel(args.data, "valid"), strict=True) if novel]
     if args.max_train_pairs:
         train_pairs = train_pairs[: args.max_train_pairs]
     if cfg.repeat_frequent:
         train_pairs = repeat_frequent(train_pairs, args.data / "train.jsonl")
-    print(f"tokenizing {len(train_pairs)} train and {len(valid_pairs)} valid pairs", file=sys.stderr)
+    print(f"tokenizing {len(train_pairs)} train pairs and the valid sets", file=sys.stderr)
 
     train = tokenize_pairs(tokenizer, train_pairs, cfg.max_len)
-    valid_sample = random.Random(0).sample(valid_pairs, min(len(valid_pairs), 4000))
-    valid = tokenize_pairs(tokenizer, valid_sample, cfg.max_len)
-    valid_batches = [
-        [valid[i] for i in b]
-        for b in make_batches([(len(s), len(t) + 1) for s, t in valid], cfg.max_tokens, random.Random(0))
-    ]
-    bleu_sets = {
-        "novel": novel_valid_sample(valid_novel, cfg.valid_bleu_sentences),
-        "all": valid_sample[: cfg.valid_bleu_sentences],
-    }
-    common = load_common_strings(args.data) if (args.data / "train.jsonl").exists() else []
+    validation = Validation.load(args.data, tokenizer, cfg.max_len, cfg.max_tokens, cfg.valid_bleu_sentences)
 
     config_factory = {"small": TransformerConfig.small, "base": TransformerConfig.base}[cfg.config]
     config = config_factory(tokenizer.vocab_size)
@@ -392,7 +432,7 @@ def main(argv: list[str] | None = None) -> None:
         f"model: {config.d_model}d {config.n_heads}h ff{config.d_ff} {config.n_encoder_layers}+"
         f"{config.n_decoder_layers} layers, {model.num_parameters() / 1e6:.2f}M parameters, device {device}, "
         f"{torch.get_num_threads()} threads; {len(train)} train pairs, {n_tgt_tokens} target tokens/epoch; "
-        f"{len(common)} common UI strings tracked",
+        f"{len(validation.common)} common UI strings tracked",
         file=sys.stderr,
     )
     started = time.time()
@@ -427,30 +467,11 @@ def main(argv: list[str] | None = None) -> None:
 
     def validate() -> dict:
         nonlocal best_bleu
-        valid_loss = evaluate_loss(model, valid_batches, device)
         t0 = time.time()
-        scores = {}
-        for name, pairs in bleu_sets.items():
-            hyps = translate(model, tokenizer, [p[0] for p in pairs], device)
-            refs = [p[1] for p in pairs]
-            scores[name] = (
-                sacrebleu.corpus_bleu(hyps, [refs]).score,
-                sacrebleu.corpus_chrf(hyps, [refs]).score,
-            )
-        common_scores = score_common_strings(
-            common, translate(model, tokenizer, [c.source for c in common], device)
-        )
-        bleu, chrf = scores["novel"]
-        record = {
-            "step": step,
-            "epoch": epoch,
-            "valid_loss": round(valid_loss, 4),
-            "valid_bleu": round(bleu, 2),  # novel valid pairs: the checkpoint criterion
-            "valid_chrf": round(chrf, 2),
-            "valid_bleu_all": round(scores["all"][0], 2),
-            "valid_chrf_all": round(scores["all"][1], 2),
-            "common_accepted_percent": common_scores["accepted_percent"],
-            "common_repeated_word": common_scores["repeated_word"],
+        scores = validation.measure(model, tokenizer, device)
+        bleu = scores["valid_bleu"]
+        record = {"step": step, "epoch": epoch, **scores}
+        record |= {
             "train_seconds": round(elapsed_before + time.time() - started, 1),
             "decode_seconds": round(time.time() - t0, 1),
             "threads": torch.get_num_threads(),
@@ -465,9 +486,7 @@ def main(argv: list[str] | None = None) -> None:
         if cfg.keep_snapshots:
             save_snapshot(model, args.run_dir / SNAPSHOTS, step, cfg.keep_snapshots)
         tqdm.write(
-            f"step {step} epoch {epoch}: valid loss {valid_loss:.3f}, novel BLEU {bleu:.2f} chrF {chrf:.2f}, "
-            f"all BLEU {scores['all'][0]:.2f}, common strings {common_scores['accepted_percent']}% "
-            f"({common_scores['repeated_word']} repeated){' (best, saved)' if improved else ''}",
+            f"step {step} epoch {epoch}: {describe_scores(scores)}{' (best, saved)' if improved else ''}",
             file=sys.stderr,
         )
         model.train()
@@ -528,7 +547,8 @@ def main(argv: list[str] | None = None) -> None:
                 break
         else:
             epoch, epoch_step, epoch_rng = epoch + 1, 0, rng.getstate()
-    final = validate()
+    # the last step may just have been validated (a multiple of valid_every): not twice
+    final = history[-1] if history and history[-1]["step"] == step else validate()
     run = [r for r in history if r.get("run") != "init"]
     best = max(run or history, key=lambda r: r["valid_bleu"])
     print(

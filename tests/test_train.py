@@ -136,12 +136,15 @@ def test_snapshots_of_the_last_validations_average_into_a_release(tiny_data, tmp
     argv = ["--run-dir", str(run), "--last", "2", "--tokenizer", str(TOKENIZER), "--data", str(tiny_data)]
     assert average_main([*argv, "--valid-bleu-sentences", "4", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert printed.count("novel valid BLEU") == 3 and "average of 2" in printed
+    assert printed.count("novel BLEU") == 4 and "average of 2: valid loss" in printed
     a, b = (load_file(str(p)) for p in snaps)
     averaged = load_file(str(out / "model.safetensors"))
     for name in a:
         assert torch.equal(averaged[name], ((a[name] + b[name]) / 2).half()), name
     info = json.loads((out / "training.json").read_text())
     assert info["best"]["averaged"] == [str(p) for p in snaps] and len(info["checkpoints"]) == 2
+    assert info["best"]["step"] == 3 and [r["step"] for r in info["history"]] == [1, 2, 3]
+    assert {"valid_loss", "valid_bleu", "common_accepted_percent", "train_seconds"} <= set(info["best"])
+    assert info["train_config"]["keep_snapshots"] == 2
     with pytest.raises(SystemExit):
         average_main(["--checkpoints", str(snaps[0]), "--tokenizer", str(TOKENIZER)])
