@@ -10,6 +10,7 @@ before anything starts and prints one line naming each bad one and the values it
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
 import signal
 import sys
@@ -65,5 +66,18 @@ def main(argv: list[str] | None = None) -> int:
     return asyncio.run(serve(argv))
 
 
+# After "stopped", the interpreter still joins non-daemon threads and runs exit hooks (gRPC core, ONNX
+# Runtime). Should that ever hang, every thread's stack goes to stderr and the process exits 1 instead of
+# waiting for the container engine's SIGKILL (issue 23: twice an exit 137 30 s after "stopped").
+EXIT_WATCHDOG_S = 5.0
+
+
+def exit_with(code: int, watchdog_s: float = EXIT_WATCHDOG_S) -> None:
+    """sys.exit(code), bounded: past `watchdog_s` seconds of interpreter teardown, dump stacks and _exit(1).
+    Only for `python -m server`: tests call main() in their own process."""
+    faulthandler.dump_traceback_later(watchdog_s, exit=True)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())
