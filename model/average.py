@@ -87,7 +87,6 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     tokenizer = Tokenizer(args.tokenizer)
     config = load_config(paths[0])
-    config.dropout = 0.0
     validation = Validation.load(args.data, tokenizer, 128, 3000, args.valid_bleu_sentences)
     states = [load_weights(p) for p in paths]
     model = Transformer(config).eval()

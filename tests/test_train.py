@@ -146,5 +146,6 @@ def test_snapshots_of_the_last_validations_average_into_a_release(tiny_data, tmp
     assert info["best"]["step"] == 3 and [r["step"] for r in info["history"]] == [1, 2, 3]
     assert {"valid_loss", "valid_bleu", "common_accepted_percent", "train_seconds"} <= set(info["best"])
     assert info["train_config"]["keep_snapshots"] == 2
+    assert json.loads((out / "config.json").read_text())["dropout"] == 0.1  # the run's, for --init-from
     with pytest.raises(SystemExit):
         average_main(["--checkpoints", str(snaps[0]), "--tokenizer", str(TOKENIZER)])
