@@ -9,7 +9,7 @@ DATA ?= data
 # The tokenizer `make train` trains with: the shipped one unless told (see `make tokenizer`).
 TOKENIZER ?= $(MODEL)/tokenizer.model
 
-.PHONY: help install system-deps run serve bundle corpus data-check tokenizer train release keep-terms tune-decoding evaluate model-card bench bench-batching proto lint test fuzz soak mutation clean
+.PHONY: help install system-deps run serve bundle corpus data-check tokenizer train release average keep-terms tune-decoding evaluate model-card bench bench-batching proto lint test stack-test fuzz soak mutation clean
 
 # Every target, one line each (tests/test_cli.py checks that none is missing).
 help:
@@ -21,9 +21,10 @@ help:
 	@echo "  make system-deps     apt-get install prometheus, apertium, nginx, docker-compose, gettext, chromium (tests; root)"
 	@echo "Develop:"
 	@echo "  make test            lint + the whole test suite"
+	@echo "  make stack-test      build the images, run the compose stack (podman or Docker) and check it end to end"
 	@echo "  make fuzz            10,000 fuzzed requests against the shipped model (FUZZ_EXAMPLES=N)"
 	@echo "  make soak            30 min at half the measured saturation: errors, latency, RSS (SOAK_MINUTES=5)"
-	@echo "  make mutation        mutation testing (mutmut) of server/ with its fast tests; slow: MUTATE='server.service*'"
+	@echo "  make mutation        mutation testing (mutmut) of server/ with its fast tests; hours: MUTATE='server.service*' or MUTATION_SAMPLE=450"
 	@echo "  make lint            ruff check ."
 	@echo "  make proto           regenerate proto/gen/ from proto/translator/v1/translator.proto"
 	@echo "  make clean           DELETE .venv/ and bundles/ (the next make run reinstalls and re-exports) and caches"
@@ -32,7 +33,8 @@ help:
 	@echo "  make data-check      exit 2, naming the command to run, when $(DATA)/ has no corpus"
 	@echo "  make tokenizer       train a SentencePiece model into runs/tokenizer/ (the shipped one stays)"
 	@echo "  make train           train the small model into runs/en-es-small/ (TRAIN_ARGS=--resume continues)"
-	@echo "  make release         copy the run's best weights and their tokenizer into $(MODEL)/"
+	@echo "  make average         mean of the run's last validation snapshots, scored, into runs/en-es-small/averaged"
+	@echo "  make release         copy the run's best weights (or RELEASE=dir) and their tokenizer into $(MODEL)/"
 	@echo "  make keep-terms      learn the do-not-translate list and source words into $(MODEL)/ (~20 s)"
 	@echo "  make tune-decoding   choose the decoding defaults of $(MODEL) on the valid split (its decoding.json)"
 	@echo "  make evaluate        score $(MODEL) on the test split against Apertium into runs/eval.json"
@@ -98,10 +100,17 @@ train: data-check install
 	  --valid-every 250 --valid-bleu-sentences 400 --threads 2 $(TRAIN_ARGS)
 
 # Promote the run's best weights, with the tokenizer they were trained with, to the shipped model
-# directory (then: make tune-decoding model-card).
+# directory (then: make tune-decoding model-card). RELEASE=runs/en-es-small/averaged ships an average.
+RELEASE ?= runs/en-es-small/release
 release:
-	cp runs/en-es-small/release/model.safetensors runs/en-es-small/release/config.json \
-	  runs/en-es-small/release/training.json runs/en-es-small/release/tokenizer.model $(MODEL)/
+	cp $(RELEASE)/model.safetensors $(RELEASE)/config.json $(RELEASE)/training.json $(RELEASE)/tokenizer.model $(MODEL)/
+
+# The mean of the run's last AVERAGE_LAST validation snapshots (TRAIN_ARGS=--keep-snapshots N), scored
+# like a validation next to each snapshot, into runs/en-es-small/averaged (see model/average.py).
+AVERAGE_LAST ?= 4
+average: data-check install
+	$(PY) -m model.average --run-dir runs/en-es-small --last $(AVERAGE_LAST) --tokenizer $(TOKENIZER) \
+	  --data $(DATA) --threads 2 --out runs/en-es-small/averaged
 
 # Terms the human translations copy unchanged (program and product names): the text layer keeps them.
 keep-terms: data-check install
@@ -124,7 +133,7 @@ evaluate: data-check install system-deps
 model-card: data-check install system-deps bundle
 	$(PY) -m bench.model_card --model $(MODEL) --data $(DATA) --bundle $(BUNDLE)
 
-bench: data-check install bundle
+bench: install bundle
 	$(PY) -m bench.engine_speed --model $(MODEL) --bundle $(BUNDLE) --json bench.json
 
 # Servers on CPU 1 (1 ONNX Runtime thread each, one busy at a time), load generator on the others.
@@ -142,6 +151,13 @@ lint: install
 test: install system-deps lint
 	$(PY) -m pytest -q
 
+# The compose stack for real (deploy/stack_test.py): images, health, translations through the published
+# ports, Prometheus scraping every container, calls through nginx, drain on SIGTERM, a clean down.
+# Without Docker it installs podman & co (apt, root) and podman-compose (.venv) first.
+stack-test: install
+	bash deploy/stack.sh deps
+	$(PY) -m deploy.stack_test
+
 # The request-path fuzzer of the test suite, long: never INTERNAL/UNKNOWN, a well-formed client unaffected.
 FUZZ_EXAMPLES ?= 10000
 fuzz: install bundle
@@ -154,19 +170,27 @@ soak: install bundle
 
 # Mutation testing of server/ (settings: setup.cfg [mutmut]) in a scratch copy of the tree, so its
 # mutants/ never lands in the checkout. Hours for all of server/ on 2 cores: MUTATE takes mutant name
-# globs, e.g. MUTATE='server.service* server.app*'. Prints the counts and the surviving mutants (`cd
-# $(MUTATION_DIR) && mutmut show NAME` shows one); docs/mutation.md keeps the scores and the reasons.
+# globs, e.g. MUTATE='server.service* server.app*', and MUTATION_SAMPLE=N runs a random sample of N
+# mutants, stratified by file (each file its share), drawn with MUTATION_SEED: the same tree and seed
+# give the same mutants (tests/mutation.py). Prints killed / tried per file with a 95% confidence
+# interval and the mutants not killed (`cd $(MUTATION_DIR) && mutmut show NAME` shows one);
+# docs/mutation.md keeps the scores and the reasons.
 MUTATION_DIR ?= /tmp/translator-mutation
 MUTATE ?=
+MUTATION_SAMPLE ?= 0
+MUTATION_SEED ?= 22
 # Parallel mutants: the serving tests mostly wait on sockets and sleeps.
 MUTATION_JOBS ?= 4
-mutation: install
-	rm -rf $(MUTATION_DIR) && mkdir -p $(MUTATION_DIR)/mutants/models/en-es-small
+mutation: install bundle
+	rm -rf $(MUTATION_DIR) && mkdir -p $(MUTATION_DIR)/mutants/models/en-es-small $(MUTATION_DIR)/mutants/bundles
 	git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C $(MUTATION_DIR)
 	cp $(MODEL)/tokenizer.model $(MUTATION_DIR)/mutants/models/en-es-small/
-	cd $(MUTATION_DIR) && TRANSLATOR_TEST_CACHE=$(MUTATION_DIR)/test-cache $(abspath $(VENV))/bin/mutmut run --max-children $(MUTATION_JOBS) $(foreach m,$(MUTATE),'$(m)')
-	cd $(MUTATION_DIR) && $(abspath $(VENV))/bin/mutmut export-cicd-stats && cat mutants/mutmut-cicd-stats.json
-	cd $(MUTATION_DIR) && $(abspath $(VENV))/bin/mutmut results
+	cp -r $(BUNDLE) $(MUTATION_DIR)/mutants/bundles/
+	cd $(MUTATION_DIR) && $(abspath $(PY)) -m tests.mutation sample --size $(MUTATION_SAMPLE) \
+		--seed $(MUTATION_SEED) $(foreach m,$(MUTATE),'$(m)') > sample.txt
+	cd $(MUTATION_DIR) && TRANSLATOR_TEST_CACHE=$(MUTATION_DIR)/test-cache $(abspath $(VENV))/bin/mutmut run \
+		--max-children $(MUTATION_JOBS) $$(cat sample.txt)
+	cd $(MUTATION_DIR) && $(abspath $(PY)) -m tests.mutation score sample.txt --survivors
 
 # Deletes the virtual environment and every exported bundle (not data/, runs/ or models/).
 clean:

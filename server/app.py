@@ -4,7 +4,8 @@ Startup: the bundle to serve is resolved first (server/store.py; no bundle, e.g.
 or a stale default bundle, fails the start with the command that makes one); then the gRPC port opens
 with health NOT_SERVING (Translate answers UNAVAILABLE) while the model is loaded and warmed up in a
 worker thread; then health turns SERVING. Shutdown: health NOT_SERVING, optional drain delay, stop
-accepting RPCs, let in-flight ones finish within the grace period, stop the engine worker.
+accepting RPCs (health Watch streams end then: server/health.py), let in-flight ones finish within the
+grace period, stop the engine worker.
 With --http-port, the LibreTranslate-compatible HTTP API and web page (server/http_api.py) run on the
 same event loop over the same translation core and scheduler, and stop with gRPC.
 Logging (JSON lines) is set up by server/logs.py. Server reflection answers both grpc.reflection.v1
@@ -22,12 +23,13 @@ from typing import Any
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2 as reflection_alpha_pb2
 
 from server.auth import BearerTokenInterceptor
 from server.config import ServerConfig
+from server.health import DrainingHealthServicer
 from server.http_api import HttpApi, server_ssl_context
 from server.metrics import Metrics
 from server.scheduler import Scheduler
@@ -121,7 +123,7 @@ class TranslatorServer:
             max_stream_inflight=config.max_stream_inflight,
             max_queue_segments=config.max_queue_segments,
         )
-        self.health = health.aio.HealthServicer()
+        self.health = DrainingHealthServicer()
         self.serving = False  # what the health services say (gRPC health and HTTP /health)
         self.http: HttpApi | None = None
         self.http_port = 0
@@ -168,10 +170,17 @@ class TranslatorServer:
         else:
             self.port = self.server.add_insecure_port(address)
         await self.server.start()
-        if cfg.metrics_port >= 0:
-            self.metrics_port = self.metrics.serve(cfg.metrics_host or cfg.host, cfg.metrics_port)
-        if cfg.http_port:
-            await self._start_http()
+        try:
+            if cfg.metrics_port >= 0:
+                self.metrics_port = self.metrics.serve(cfg.metrics_host or cfg.host, cfg.metrics_port)
+            if cfg.http_port:
+                await self._start_http()
+        except BaseException:
+            # A port in use: close what started, or the gRPC server left running would hang the
+            # interpreter's exit (grpc.aio's poller thread) after `could not start`.
+            await self.server.stop(0)
+            self.metrics.close()
+            raise
         self.metrics.ready.set(0)
         log.info(
             "gRPC server listening",
@@ -309,6 +318,7 @@ class TranslatorServer:
         await self._set_health(False)
         if self.config.drain_delay_s > 0:
             await asyncio.sleep(self.config.drain_delay_s)
+        self.health.drain()  # open health Watch streams end: the grace period is for translations
         self.service.draining = True
         stops = [self.server.stop(grace)] if self.server is not None else []
         if self.http is not None:

@@ -142,13 +142,25 @@ def _parse_bool(value: str) -> bool:
         return True
     if v in ("0", "false", "no", "off", ""):
         return False
-    raise ValueError(f"not a boolean: {value!r} (use true/false)")
+    raise ValueError(f"not a boolean: {value!r}")
 
 
 def _convert(kind: type, value: str):
     if kind is bool:
         return _parse_bool(value)
     return kind(value)
+
+
+# What a value that does not parse should have been, by type.
+KINDS = {int: "an integer", float: "a number", bool: "true/false, 1/0, yes/no or on/off"}
+
+
+class _Parser(argparse.ArgumentParser):
+    """An unknown flag or a flag without its value is a configuration error like any other: one line,
+    exit 2 (server/__main__.py prints it), not argparse's usage line plus its message."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise ValueError(f"invalid configuration: {message} (python -m server --help lists the flags)")
 
 
 _TYPES = {"str": str, "int": int, "float": float, "bool": bool}
@@ -200,8 +212,10 @@ HELP = {
 
 
 def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """The flags; each is parsed as text (None when not given) and converted by load_config, so that a
+    flag and its variable get the same message. --help shows the variables' values as defaults."""
     env = os.environ if env is None else env
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m server",
         description="English->Spanish translation gRPC server. Every flag can also be set with the "
         "environment variable shown in brackets.",
@@ -215,22 +229,38 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         if var in env:
             try:
                 default = _convert(kind, env[var])
-            except ValueError as e:
-                parser.error(f"{var}={env[var]!r}: {e}")
-        help_text = f"{HELP.get(f.name, '')} [{var}] (default: {default!r})"
+            except ValueError:
+                default = env[var]
+        help_text = f"{HELP[f.name]} [{var}] (default: {default!r})"
         if kind is bool:
-            parser.add_argument(
-                flag, dest=f.name, default=default, action=argparse.BooleanOptionalAction, help=help_text
-            )
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, help=help_text)
         else:
-            parser.add_argument(flag, dest=f.name, type=kind, default=default, help=help_text)
+            parser.add_argument(flag, dest=f.name, metavar=f.name.upper(), help=help_text)
     return parser
 
 
 def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> ServerConfig:
-    """Flags over TRANSLATOR_* environment variables over defaults; validated."""
+    """Flags over TRANSLATOR_* environment variables over defaults; validated. Raises ValueError with
+    one line naming every bad setting."""
+    env = os.environ if env is None else env
     args = build_parser(env).parse_args(argv)
-    config = ServerConfig(**vars(args))
+    values, errors = {}, []
+    for f in fields(ServerConfig):
+        kind = _TYPES[f.type] if isinstance(f.type, str) else f.type
+        raw = getattr(args, f.name)
+        if raw is None:
+            raw = env.get(env_name(f.name))
+        if raw is None or isinstance(raw, bool):  # unset, or a --[no-]flag
+            if raw is not None:
+                values[f.name] = raw
+            continue
+        try:
+            values[f.name] = _convert(kind, raw)
+        except ValueError:
+            errors.append(f"{setting(f.name)} must be {KINDS[kind]}, got {raw!r}")
+    if errors:
+        raise ValueError("invalid configuration: " + "; ".join(errors))
+    config = ServerConfig(**values)
     config.validate()
     config.log_level = config.log_level.upper()
     config.device = config.device.lower()

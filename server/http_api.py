@@ -15,6 +15,7 @@ import asyncio
 import hmac
 import logging
 import math
+import os
 import ssl
 import time
 import uuid
@@ -154,7 +155,12 @@ class HttpApi:
         )
         await self.runner.setup()
         site = web.TCPSite(self.runner, host, port, ssl_context=ssl_context, reuse_port=False)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as e:
+            await self.stop()
+            reason = os.strerror(e.errno) if e.errno else str(e)
+            raise OSError(e.errno, f"cannot serve the HTTP API on {host}:{port}: {reason}") from None
         self.port = self.runner.addresses[0][1]
         return self.port
 

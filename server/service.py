@@ -24,6 +24,7 @@ from runtime.faithful.spans import MAX_GLOSSARY_ENTRIES
 from server import translate as core
 from server.contract import DecodingOptions, Hypothesis
 from server.metrics import Metrics
+from server.scheduler import DEADLINE_SLACK_S
 from server.translate import Backend, Failure, OptionRequest, TranslationCore
 
 log = logging.getLogger("server.requests")
@@ -187,8 +188,10 @@ def _request_id(context: grpc.aio.ServicerContext) -> str:
 
 
 def _cancel_code(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
+    """A cancelled call's status: DEADLINE_EXCEEDED when it ended within DEADLINE_SLACK_S of its deadline
+    (the client's deadline passes first; the scheduler counts its dropped segments the same way)."""
     remaining = context.time_remaining()
-    if remaining is not None and remaining <= 0.001:
+    if remaining is not None and remaining <= DEADLINE_SLACK_S:
         return grpc.StatusCode.DEADLINE_EXCEEDED
     return grpc.StatusCode.CANCELLED
 

@@ -22,6 +22,8 @@ BAD = [
     ("--port", "-1", "0..65535 (0 = any free port)"),
     ("--port", "70000", "0..65535 (0 = any free port)"),
     ("--threads", "-3", ">= 0 (0 = one per physical core)"),
+    ("--http-port", "70000", "0..65535 (0 = no HTTP API)"),
+    ("--max-running-rows", "-1", ">= 0 (0 = auto)"),
     ("--shutdown-grace-s", "-1", "a finite number >= 0"),
     ("--shutdown-grace-s", "nan", "a finite number >= 0"),
     ("--drain-delay-s", "-0.5", "a finite number >= 0"),
@@ -114,6 +116,9 @@ def test_help_says_what_the_code_does():
         text.split()
     )
     assert "[TRANSLATOR_MAX_TEXTS] (default: 64)" in " ".join(text.split())
+    assert "--warmup, --no-warmup run a warm-up translation before reporting SERVING [TRANSLATOR_WARMUP]" in (
+        " ".join(text.split())
+    )  # boolean flags are explained too
     assert set(HELP) == set(ServerConfig.__dataclass_fields__)  # every setting explained
 
 
@@ -124,6 +129,9 @@ def test_help_says_what_the_code_does():
         (["--log-level", "verbose"], {}),
         ([], {"TRANSLATOR_METRICS_PORT": "-5"}),
         ([], {"TRANSLATOR_SHUTDOWN_GRACE_S": "-1"}),
+        ([], {"TRANSLATOR_PORT": "http"}),
+        (["--max-texts", "many"], {}),
+        (["--no-such-flag"], {}),
     ],
 )
 def test_main_exits_2_with_one_line(argv, env, monkeypatch, capsys):
@@ -215,20 +223,50 @@ def test_boolean_flags_win_over_variables():
 
 
 @pytest.mark.parametrize(
-    ("var", "value"),
+    ("var", "value", "allowed"),
     [
-        ("TRANSLATOR_WARMUP", "maybe"),
-        ("TRANSLATOR_BATCHING", "2"),
-        ("TRANSLATOR_PORT", "http"),
-        ("TRANSLATOR_MAX_WAIT_MS", "x"),
+        ("TRANSLATOR_WARMUP", "maybe", "true/false, 1/0, yes/no or on/off"),
+        ("TRANSLATOR_BATCHING", "2", "true/false, 1/0, yes/no or on/off"),
+        ("TRANSLATOR_PORT", "http", "an integer"),
+        ("TRANSLATOR_THREADS", "1.5", "an integer"),
+        ("TRANSLATOR_MAX_WAIT_MS", "x", "a number"),
     ],
 )
-def test_unparsable_variable_exits_2_naming_it(var, value, capsys):
-    with pytest.raises(SystemExit) as e:
+def test_unparsable_flag_and_variable_get_the_same_one_line_message(var, value, allowed):
+    name = var.removeprefix("TRANSLATOR_").lower()
+    flag = "--" + name.replace("_", "-")
+    expected = f"invalid configuration: {name} ({flag} / {var}) must be {allowed}, got {value!r}"
+    with pytest.raises(ValueError) as e:
         load_config([], {var: value})
-    assert e.value.code == 2
-    err = capsys.readouterr().err
-    assert f"{var}={value!r}" in err
+    assert str(e.value) == expected
+    if "true/false" not in allowed:  # boolean flags take no value
+        with pytest.raises(ValueError) as e:
+            load_config([flag, value], {})
+        assert str(e.value) == expected
+        assert getattr(load_config([flag, "7"], {var: value}), name) == 7  # the flag wins
+
+
+def test_unparsable_settings_are_listed_together():
+    with pytest.raises(ValueError) as e:
+        load_config(["--port=1.5"], {"TRANSLATOR_WARMUP": "maybe", "TRANSLATOR_THREADS": "-1"})
+    assert str(e.value) == (
+        "invalid configuration: port (--port / TRANSLATOR_PORT) must be an integer, got '1.5'; "
+        "warmup (--warmup / TRANSLATOR_WARMUP) must be true/false, 1/0, yes/no or on/off, got 'maybe'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--port"], "argument --port: expected one argument"),
+        (["--warmup=yes"], "argument --warmup/--no-warmup: ignored explicit argument 'yes'"),
+    ],
+)
+def test_a_bad_command_line_is_one_line_too(argv, expected):
+    with pytest.raises(ValueError) as e:
+        load_config(argv, {})
+    assert str(e.value) == f"invalid configuration: {expected} (python -m server --help lists the flags)"
 
 
 @pytest.mark.parametrize(
@@ -254,6 +292,7 @@ def test_each_bound_is_exact(name, bad, good):
     with pytest.raises(ValueError) as e:
         ServerConfig(**{name: bad}).validate()
     assert str(e.value).startswith(f"invalid configuration: {name} (--{name.replace('_', '-')} / ")
+    assert f", got {bad!r}" in str(e.value)  # the value the operator gave
 
 
 def test_cross_setting_checks():
@@ -291,4 +330,7 @@ def test_process_exits_2_for_an_unparsable_variable(tmp_path):
         timeout=120,
     )
     assert proc.returncode == 2, proc.stderr
-    assert "TRANSLATOR_WARMUP='sometimes'" in proc.stderr and "not a boolean" in proc.stderr
+    assert proc.stderr == (
+        "python -m server: invalid configuration: warmup (--warmup / TRANSLATOR_WARMUP) must be "
+        "true/false, 1/0, yes/no or on/off, got 'sometimes'\n"
+    )

@@ -26,6 +26,7 @@ TOKEN = "s3cret-token"
 POT = """msgid ""
 msgstr ""
 "Content-Type: text/plain; charset=UTF-8\\n"
+"X-Accelerator-Marker: _\\n"
 
 #: src/main.c:10
 msgid "_Open the file"

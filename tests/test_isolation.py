@@ -12,7 +12,8 @@ from server.scheduler import EngineFailure
 from tests.fake_engine import FakeEngine
 from tests.test_scheduler import SOLO, TEXTS, job, make_scheduler, outcomes
 
-OPTIONS = DecodingOptions(beam_size=2, num_hypotheses=1, max_length=40, length_penalty=0.6)
+# Not the engine's defaults: a batch mate decoded again alone keeps the options it asked for.
+OPTIONS = DecodingOptions(beam_size=2, num_hypotheses=2, max_length=40, length_penalty=1.0)
 
 
 @pytest.mark.parametrize("mode", ["request", "inflight"])
@@ -52,7 +53,10 @@ def test_undecodable_bytes_get_invalid_argument_and_the_server_serves_on(tiny_se
             with pytest.raises(grpc.RpcError) as e:
                 raw(payload, timeout=10)
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
-            assert "not a valid translator.v1.TranslateRequest protobuf" in e.value.details()
+            assert e.value.details().startswith("the request is not a valid translator.v1.TranslateRequest ")
+            assert e.value.details().endswith(
+                "; send a message built from proto/translator/v1/translator.proto"
+            )
         stream = channel.stream_stream(
             "/translator.v1.Translator/TranslateStream", request_serializer=None, response_deserializer=None
         )

@@ -231,3 +231,17 @@ def test_histograms_have_the_documented_buckets():
             bounds = sorted({float(s.labels["le"]) for s in family.samples if s.name.endswith("_bucket")})
             assert bounds == [*map(float, expected.pop(family.name)), float("inf")], family.name
     assert not expected  # every histogram seen
+
+
+def test_text_layer_series_exist_from_the_start():
+    """Both actions are exported at 0 before the first segment takes one: the dashboard's rate() by
+    action needs the series to exist."""
+    from server.metrics import Metrics
+
+    samples = {
+        s.labels["action"]: s.value
+        for family in Metrics(process_metrics=False).registry.collect()
+        for s in family.samples
+        if s.name == "translator_text_segments_total"
+    }
+    assert samples == {"passed_through": 0.0, "repaired": 0.0}

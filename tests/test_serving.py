@@ -8,7 +8,6 @@ waits on ONNX Runtime. The real engine behind the same server is tests/test_serv
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -96,7 +95,13 @@ def test_translate_returns_each_text_in_order_with_scores_on_request(start_fake_
 
 
 def test_model_info_reports_the_engine_limits_and_the_settings(start_fake_server, client_for):
-    server = start_fake_server(max_texts=7, max_queue_segments=9, max_message_bytes=123_456, variant="int8")
+    engine = FakeEngine(step_s=0)
+    engine.default_options = DecodingOptions(
+        beam_size=4, num_hypotheses=1, length_penalty=0.6, repetition_penalty=1.2, no_repeat_ngram_size=3
+    )
+    server = start_fake_server(
+        engine, max_texts=7, max_queue_segments=9, max_message_bytes=123_456, variant="int8"
+    )
     info = client_for(server).model_info()
     assert (info.name, info.version, info.source_language, info.target_language) == (
         "fake-en-es",
@@ -115,7 +120,7 @@ def test_model_info_reports_the_engine_limits_and_the_settings(start_fake_server
     )
     d = info.default_options
     assert (d.beam_size, d.num_hypotheses, d.max_length, d.length_penalty) == (4, 1, 0, pytest.approx(0.6))
-    assert (d.repetition_penalty, d.no_repeat_ngram_size) == (1.0, 0)
+    assert (d.repetition_penalty, d.no_repeat_ngram_size) == (pytest.approx(1.2), 3)
     assert list(info.execution_providers) == ["FakeExecutionProvider"]
     assert (info.variant, info.batching, info.batching_mode) == ("int8", True, "inflight")
     assert value(server, "translator_requests_total", rpc="GetModelInfo", code="OK") == 1
@@ -317,6 +322,8 @@ def test_request_metrics_count_exactly(start_fake_server, client_for):
     # Request mode: steps from the engine's stats (each batch runs to its longest budget).
     assert v("translator_decode_steps_total") == 3 * 8 + 2 + 5
     assert v("translator_batch_rows_count") == 3 * 8 + 2 + 5
+    # Each step observed at its batch's mean rows (beam 4 x running segments): the sum is every row-step.
+    assert v("translator_batch_rows_sum") == 3 * 8 * 4 * 2 + 2 * 4 + 5 * 4
     assert v("translator_time_to_first_step_seconds_count") == 8
     assert v("translator_queue_capacity_segments") == 77
     assert (v("translator_queue_segments"), v("translator_queue_tokens")) == (0, 0)
@@ -336,6 +343,22 @@ def test_request_metrics_count_exactly(start_fake_server, client_for):
     assert v("translator_model_info", **labels) == 1
 
 
+def test_an_engine_without_batch_stats_serves_in_request_mode(start_fake_server, client_for):
+    """`last_stats` is an optional extra of server.engine.Engine: an engine without it serves, and
+    only the step metrics stay empty."""
+
+    class NoStats(FakeEngine):
+        def __getattribute__(self, name: str):
+            if name == "last_stats":
+                raise AttributeError(name)
+            return super().__getattribute__(name)
+
+    server = start_fake_server(NoStats(step_s=0), batching_mode="request", max_wait_ms=0)
+    assert client_for(server, retries=0).translate(["a b"], max_length=3)[0].text == "b a"
+    assert value(server, "translator_batch_segments_count") == 1
+    assert value(server, "translator_decode_steps_total") == value(server, "translator_batch_rows_count") == 0
+
+
 def test_inflight_metrics_count_steps_rows_and_first_steps(start_fake_server, client_for):
     server = start_fake_server(batching_mode="inflight")
     c = client_for(server, retries=0)
@@ -353,7 +376,7 @@ def test_inflight_metrics_count_steps_rows_and_first_steps(start_fake_server, cl
     assert value(server, "translator_input_tokens_total") == 3 + 1
 
 
-def test_queue_gauges_follow_waiting_segments(start_fake_server, channel_to):
+def test_queue_gauges_follow_waiting_segments(start_fake_server, channel_to, caplog):
     engine = GatedEngine(step_s=0)
     server = start_fake_server(engine, batching_mode="request", max_wait_ms=0)
     stub = pb_grpc.TranslatorStub(channel_to(server))
@@ -362,11 +385,18 @@ def test_queue_gauges_follow_waiting_segments(start_fake_server, channel_to):
     running = stub.Translate.future(pb.TranslateRequest(texts=["a b c"], options=opts), timeout=30)
     assert wait_for(engine.waiting.is_set)
     queued = stub.Translate.future(pb.TranslateRequest(texts=["d e", "f g h i"], options=opts), timeout=30)
-    assert wait_for(lambda: value(server, "translator_queue_segments") == 2)
-    assert value(server, "translator_queue_tokens") == 2 + 4
-    assert value(server, "translator_requests_in_flight") == 2
-    engine.gate.set()
-    assert [t.hypotheses[0].text for t in queued.result(30).translations] == ["e d", "i h"]
+    also = stub.Translate.future(pb.TranslateRequest(texts=["j k l m"], options=opts), timeout=30)
+    assert wait_for(lambda: value(server, "translator_queue_segments") == 3)
+    assert value(server, "translator_queue_tokens") == 2 + 4 + 4
+    assert value(server, "translator_requests_in_flight") == 3
+    time.sleep(0.2)
+    with caplog.at_level(logging.INFO, logger="server.requests"):
+        engine.gate.set()
+        assert [t.hypotheses[0].text for t in queued.result(30).translations] == ["e d", "i h"]
+        assert also.result(30).translations[0].hypotheses[0].text == "m l"
+        assert wait_for(lambda: len(request_lines(caplog)) == 3)
+    waited = {line["input_tokens"]: line["queue_ms"] for line in request_lines(caplog)}
+    assert waited[6] >= 150 and waited[4] >= 150  # the two queued requests waited the 0.2 s
     assert running.result(30).translations[0].hypotheses[0].text == "c b"
     assert wait_for(lambda: value(server, "translator_requests_in_flight") == 0)
     assert (value(server, "translator_queue_segments"), value(server, "translator_queue_tokens")) == (0, 0)
@@ -388,8 +418,20 @@ def test_engine_failure_is_internal_and_counted(start_fake_server, client_for, c
     assert value(server, "translator_engine_errors_total") == 1
     assert value(server, "translator_requests_total", rpc="Translate", code="INTERNAL") == 1
     assert value(server, "translator_segments_total", outcome="failed") == 1
-    (item,) = c.translate_stream([StreamItem("s", ["boom"])])
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="server.scheduler"):
+        (item,) = c.translate_stream([StreamItem("item-9", ["boom"])])
     assert item.code == grpc.StatusCode.INTERNAL and item.message == e.value.details
+    # The scheduler's error line names the request (its x-request-id, or here the stream item's id).
+    (failed,) = [r for r in caplog.records if r.name == "server.scheduler" and r.levelno == logging.ERROR]
+    if mode == "request":
+        assert (failed.getMessage(), failed.fields["id"]) == (
+            "engine failed on a batch of 1 segments",
+            "item-9",
+        )
+    else:
+        assert failed.getMessage() == "engine failed on request item-9 alone"
+    assert "fake engine failure on 'boom'" in failed.exc_text or failed.exc_info
     assert value(server, "translator_engine_errors_total") == 2
     assert value(server, "translator_stream_items_total", code="INTERNAL") == 1
     assert c.translate(["still serving"], max_length=3)[0].text == "serving still"
@@ -642,7 +684,10 @@ def test_client_deadline_mid_decode_drops_the_rows_at_the_next_step(start_fake_s
         c.translate(["a b c", "d e f", "g h i"], max_length=250, timeout=0.3)  # 2.5 s of decoding
     assert e.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
     assert wait_for(lambda: value(server, "translator_segments_total", outcome="dropped_deadline") == 3, 2)
-    assert value(server, "translator_requests_total", rpc="Translate", code="DEADLINE_EXCEEDED") == 1
+    # The client's deadline ends its call at once; the server's handler records it a moment later.
+    assert wait_for(
+        lambda: value(server, "translator_requests_total", rpc="Translate", code="DEADLINE_EXCEEDED") == 1, 2
+    )
     assert value(server, "translator_segments_total", outcome="translated") == 0
     if mode == "inflight":
         (batch,) = engine.running
@@ -670,8 +715,7 @@ def test_drain_reports_not_serving_then_refuses_while_in_flight_requests_finish(
     seen: list[int] = []
 
     def read_watch() -> None:
-        with contextlib.suppress(grpc.RpcError):  # cancelled below
-            seen.extend(r.status for r in watch)
+        seen.extend(r.status for r in watch)  # ends (OK) when the server stops taking RPCs
 
     watcher = threading.Thread(target=read_watch, daemon=True)
     watcher.start()
@@ -690,7 +734,6 @@ def test_drain_reports_not_serving_then_refuses_while_in_flight_requests_finish(
         assert health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status == NOT_SERVING
     assert value(server, "translator_ready") == 0
     assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=5).name == "fake-en-es"
-    watch.cancel()  # a Watch is an RPC too: the grace period would wait for it
 
     # Then new RPCs are refused while the held one is still decoding.
     def refused() -> bool:
@@ -702,11 +745,13 @@ def test_drain_reports_not_serving_then_refuses_while_in_flight_requests_finish(
         return False
 
     assert wait_for(refused, 10, 0.05)
+    watcher.join(5)  # the Watch stream ended by itself: the grace period is the held request's
+    assert not watcher.is_alive() and watch.code() == grpc.StatusCode.OK
     assert not held.done() and not stopping.done()
     engine.gate.set()
     assert held.result(30).translations[0].hypotheses[0].text == "words held"
     stopping.result(30)
-    assert seen[:2] == [SERVING, NOT_SERVING]
+    assert seen == [SERVING, NOT_SERVING]
 
 
 def test_grace_expiry_ends_what_is_still_running(start_fake_server, channel_to, server_loop, caplog):

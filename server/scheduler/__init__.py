@@ -21,6 +21,7 @@ thread.
 
 from server.scheduler.core import MODES, Scheduler
 from server.scheduler.jobs import (
+    DEADLINE_SLACK_S,
     EngineFailure,
     InvalidInput,
     Job,
@@ -31,6 +32,7 @@ from server.scheduler.jobs import (
 )
 
 __all__ = [
+    "DEADLINE_SLACK_S",
     "MODES",
     "EngineFailure",
     "InvalidInput",

@@ -117,11 +117,16 @@ class Scheduler:
             self.cancel(job, "deadline")
             raise RequestCancelled("deadline") from None
         except asyncio.CancelledError:
-            self.cancel(job, "cancelled")
+            # The transport cancels the call at its deadline too (gRPC does): that is a deadline.
+            self.cancel(job, job.cancel_reason_at(time.monotonic()))
             raise
 
     def cancel(self, job: Job, reason: str = "cancelled") -> None:
-        """Drop a job: its queued segments leave now, its running rows at the next decoding step."""
+        """Drop a job: its queued segments leave now, its running rows at the next decoding step. Every
+        segment of it that did not finish is counted as dropped for `reason` ("cancelled" or
+        "deadline"; the first cancellation's, if it is cancelled twice)."""
+        if job.cancel_reason is None:
+            job.cancel_reason = reason
         job.cancelled = True
         self.queue.finish(job, RequestCancelled(reason))
 

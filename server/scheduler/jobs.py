@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 
 from server.contract import DecodingOptions, Hypothesis
 
+# A caller cancelled this close to its request's deadline ended by the deadline: a gRPC client cancels
+# the call when its own deadline passes, and the server's copy of that deadline (time remaining when the
+# request arrived) runs late by however long the request took to reach the handler.
+DEADLINE_SLACK_S = 0.1
+
 
 class SchedulerError(Exception):
     """Base class of the errors a submitted request can end with."""
@@ -57,6 +62,7 @@ class Job:
     remaining: int = 0
     output_tokens: int = 0
     cancelled: bool = False  # read by the worker thread at every decoding step
+    cancel_reason: str | None = None  # why it was cancelled: "cancelled" or "deadline" (Scheduler.cancel)
     done: bool = False
     _loop: asyncio.AbstractEventLoop | None = None
     _future: asyncio.Future | None = None
@@ -64,13 +70,21 @@ class Job:
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline
 
+    def cancel_reason_at(self, now: float) -> str:
+        """Why a caller that gives up at `now` ended: "deadline" within DEADLINE_SLACK_S of it."""
+        return "deadline" if self.expired(now + DEADLINE_SLACK_S) else "cancelled"
+
     def dead(self, now: float) -> bool:
         """Resolved, cancelled or past its deadline: its segments need no more work."""
         return self.done or self.cancelled or self.expired(now)
 
     def drop_reason(self, now: float) -> str:
-        """Why a dead job's segments were dropped: "deadline" or "cancelled"."""
-        return "deadline" if self.expired(now) and not self.cancelled else "cancelled"
+        """Why a dead job's segments were dropped: "deadline" or "cancelled". A cancelled job's reason
+        is the one given when it was cancelled, whatever the clock of the thread that drops its rows
+        says (a worker's step can start before the deadline that cancelled the job)."""
+        if self.cancel_reason is not None:
+            return self.cancel_reason
+        return "deadline" if self.expired(now) else "cancelled"
 
     @property
     def queue_s(self) -> float:

@@ -217,13 +217,10 @@ class SegmentQueue:
     def deliver(self, seg: Segment, hyps: list[Hypothesis] | None, now: float) -> None:
         """Route one segment's n-best list (None: dropped by the engine) to its job."""
         job = seg.job
-        if hyps is None:
+        if hyps is None or job.done:  # dropped by the engine; or cancelled during its last step
             if not job.done:
                 self.finish(job, RequestCancelled(job.drop_reason(now)))
-            self.count("dropped_" + ("deadline" if job.expired(now) else "cancelled"))
-            return
-        if job.done:  # cancelled after its last decoding step
-            self.count("dropped_cancelled")
+            self.count("dropped_" + job.drop_reason(now))
             return
         job.results[seg.index] = hyps
         job.remaining -= 1
