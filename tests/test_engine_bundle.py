@@ -84,3 +84,20 @@ def test_the_keep_terms_of_the_bundle_are_not_translated(tiny_bundle, tmp_path, 
         step = e.finish(step, e.translate(step.segments, step.options))
     alone = step[0][0]
     assert alone.text == "widgetron" and [n.action for n in alone.notes] == ["passed_through"]
+
+
+def test_batch_stats_count_rows_and_time_of_this_batch(tiny_bundle, tmp_path):
+    """What the scheduler's metrics read after a request-level batch (translator_batch_rows: decoder rows
+    per step, sentences x beam; translator_time_to_first_step: encoder and decoder time)."""
+    import time
+
+    e = engine(tiny_bundle)
+    texts, beam = ["Open the file", "Save it", "Print the page now"], 4
+    t0 = time.perf_counter()
+    e.translate(texts, DecodingOptions(beam_size=beam, num_hypotheses=1, max_length=6))
+    elapsed = time.perf_counter() - t0
+    st = e.last_stats
+    steps, row_steps = st["steps"], st["row_steps"]
+    assert 1 <= steps <= 6
+    assert row_steps % beam == 0 and beam * steps <= row_steps <= beam * len(texts) * steps
+    assert 0 < st["encoder_s"] < elapsed and 0 < st["decoder_s"] < elapsed

@@ -4,6 +4,7 @@ request-level batch, or one running in-flight batch) are answered as if it had n
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -17,8 +18,9 @@ OPTIONS = DecodingOptions(beam_size=2, num_hypotheses=2, max_length=40, length_p
 
 
 @pytest.mark.parametrize("mode", ["request", "inflight"])
-def test_a_failing_request_does_not_fail_its_batch_mates(mode):
+def test_a_failing_request_does_not_fail_its_batch_mates(mode, caplog):
     fake = FakeEngine(step_s=0.002, fail_on="Print")
+    caplog.set_level(logging.INFO, logger="server.scheduler")
     scheduler, metrics = make_scheduler(fake, mode=mode, max_wait_ms=100)
     victims = [t for t in TEXTS if t != "Print"][:4]
 
@@ -40,6 +42,10 @@ def test_a_failing_request_does_not_fail_its_batch_mates(mode):
     assert outcomes(metrics)["failed"] == 1 and outcomes(metrics)["translated"] == 4
     errors = {s.name: s.value for m in metrics.registry.collect() for s in m.samples}
     assert errors["translator_engine_errors_total"] == 1
+    # The log says the batch failed, why, and that its requests were decoded again alone.
+    (retry,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert retry.getMessage().endswith("RuntimeError); retrying each alone")
+    assert retry.fields == {"error": "fake engine failure on 'Print'"}
 
 
 def test_undecodable_bytes_get_invalid_argument_and_the_server_serves_on(tiny_server, client_for):

@@ -103,6 +103,7 @@ def test_the_start_up_log_lines_say_what_runs(server_loop, fake_bundle, caplog):
         server.start()
     server.stop(1)
     lines = {r.getMessage(): r.fields for r in caplog.records if hasattr(r, "fields")}
+    assert lines["metrics endpoint listening"] == {"host": "127.0.0.1", "port": server.server.metrics_port}
     assert lines["gRPC server listening"] == {
         "host": "127.0.0.1",
         "port": server.server.port,
@@ -148,3 +149,16 @@ def test_a_shutdown_while_the_model_loads_says_so(server_loop, fake_bundle):
     finally:
         gate.set()
         stopping.result(30)
+
+
+def test_the_default_bundle_comes_from_the_bundles_dir(server_loop, tmp_path):
+    """--bundles-dir without --model-dir: the store's en-es-small is the bundle served."""
+    store = tmp_path / "store"
+    (store / "en-es-small").mkdir(parents=True)
+    (store / "en-es-small" / "manifest.json").write_text("{}")
+    seen = []
+    server = RunningServer(server_loop, base_config("", bundles_dir=str(store), warmup=False))
+    server.server.engine_factory = lambda bundle_dir, config: seen.append(bundle_dir) or FakeEngine(step_s=0)
+    server.start()
+    server.stop(1)
+    assert seen == [store / "en-es-small"]

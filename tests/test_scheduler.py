@@ -5,6 +5,7 @@ bundle (bit-identical results through both strategies, the cancelled callback, t
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 
@@ -504,6 +505,35 @@ def test_inflight_budget_and_fairness_preempt_later_arrivals(fake):
     assert len(served.dropped) == 1  # C, preempted through drop()
 
 
+def test_inflight_skip_ahead_lasts_max_admit_wait_steps_from_when_the_head_arrived(fake):
+    """B arrives while A has run for a while and does not fit next to it; C, behind B, fits and skips
+    ahead at once: B's wait is counted from its own arrival, not from the start of the batch."""
+    rb = fake.running_batch()
+    a_opts = DecodingOptions(beam_size=4, num_hypotheses=1, max_length=120, length_penalty=0.6)
+    c_opts = DecodingOptions(beam_size=1, num_hypotheses=1, max_length=3, length_penalty=0.6)
+    a_text, b_text, c_text = TEXTS[1], TEXTS[5], TEXTS[4]
+    a_cost = rb.cost(fake.count_tokens([a_text])[0], a_opts)
+    c_cost = rb.cost(fake.count_tokens([c_text])[0], c_opts)
+    scheduler, _ = make_scheduler(
+        fake, mode="inflight", max_running_tokens=a_cost + c_cost, max_admit_wait_steps=8
+    )
+
+    async def main():
+        a = scheduler.submit(job(fake, [a_text], a_opts))
+        while len(fake.running[-1].step_rows) < 12:  # A alone for 12 steps
+            await asyncio.sleep(0.002)
+        with scheduler.queue.cond:  # B then C, seen together
+            b, c = scheduler.submit(job(fake, [b_text], LONG)), scheduler.submit(job(fake, [c_text], c_opts))
+        return await asyncio.gather(a, b, c)
+
+    try:
+        a, b, c = asyncio.run(main())
+    finally:
+        scheduler.stop(10)
+    assert c.finished_at < a.finished_at < b.finished_at  # C ran beside A; B waited for A to leave
+    assert scheduler.preempted == 0
+
+
 def test_inflight_rows_cap_bounds_the_running_batch(fake):
     """max_running_rows counts beam rows: with 8 rows, at most two beam-4 segments (or one beam-4 and
     four greedy ones) decode together; everything still finishes with its solo result."""
@@ -656,7 +686,7 @@ def test_select_takes_the_shorter_side_when_the_longer_would_overflow(fake):
         scheduler.stop(1)
 
 
-def test_inflight_measures_throughput_for_retry_hints(fake):
+def test_inflight_measures_throughput_for_retry_hints(fake, caplog):
     """In-flight mode folds the segments finished per second (over windows of about a second) into the
     queue's rate, behind the retry hints of a full queue."""
     scheduler, _ = make_scheduler(fake, mode="inflight")
@@ -671,7 +701,9 @@ def test_inflight_measures_throughput_for_retry_hints(fake):
 
     try:
         assert scheduler.queue._segments_per_s == 0
-        rate = asyncio.run(main())
+        with caplog.at_level(logging.INFO, logger="server.scheduler"):
+            rate = asyncio.run(main())
     finally:
         scheduler.stop(10)
     assert 0.3 * rate < scheduler.queue._segments_per_s < 3 * rate
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # no "scheduler error" on the way
