@@ -31,6 +31,7 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 QUEUE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_SEGMENT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BATCH_ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 BATCH_TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
@@ -85,6 +86,13 @@ class Metrics:
             "translator_batch_decode_seconds",
             "Engine time per batch (encode + decode).",
             buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.step_seconds = Histogram(
+            "translator_decode_step_seconds",
+            "Engine time per decoding step. In-flight mode: each step of the running batch, admissions "
+            "(encoder) included; request mode: the batch's decoder time over its steps, once per step.",
+            buckets=STEP_BUCKETS,
             registry=r,
         )
         self.batch_rows = Histogram(

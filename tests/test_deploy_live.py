@@ -50,7 +50,7 @@ KEY_PANELS = [
     "Batch size",
     "Tokens / s",
     "In-flight requests",
-    "Engine time per batch",
+    "Engine time per batch and per step",
 ]
 KEY_RULES = [
     "translator:requests:rate5m",

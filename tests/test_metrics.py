@@ -28,6 +28,7 @@ EXPECTED = {
     "translator_batch_tokens": "histogram",
     "translator_batch_decode_seconds": "histogram",
     "translator_batch_rows": "histogram",
+    "translator_decode_step_seconds": "histogram",
     "translator_decode_steps": "counter",
     "translator_time_to_first_step_seconds": "histogram",
     "translator_input_tokens": "counter",
@@ -101,6 +102,7 @@ def test_metric_families_and_exact_values(start_server, tiny_bundle, client_for,
     assert count("translator_time_to_first_step_seconds_count") == segments
     steps = count("translator_decode_steps_total")
     assert steps >= 8 and count("translator_batch_rows_count") == steps  # in-flight: one per step
+    assert count("translator_decode_step_seconds_count") == steps
     assert count("translator_ready") == 1 and count("translator_requests_in_flight") == 0
     assert (count("translator_queue_segments"), count("translator_queue_tokens")) == (0, 0)
     assert count("translator_engine_errors_total") == 0
@@ -223,6 +225,7 @@ def test_histograms_have_the_documented_buckets():
         "translator_time_to_first_step_seconds": m.QUEUE_BUCKETS,
         "translator_batch_segments": m.BATCH_SEGMENT_BUCKETS,
         "translator_batch_rows": m.BATCH_ROW_BUCKETS,
+        "translator_decode_step_seconds": m.STEP_BUCKETS,
         "translator_batch_tokens": m.BATCH_TOKEN_BUCKETS,
     }
     assert m.LATENCY_BUCKETS[0] == 0.005 and m.LATENCY_BUCKETS[-1] == 60.0

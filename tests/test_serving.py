@@ -322,6 +322,8 @@ def test_request_metrics_count_exactly(start_fake_server, client_for):
     # Request mode: steps from the engine's stats (each batch runs to its longest budget).
     assert v("translator_decode_steps_total") == 3 * 8 + 2 + 5
     assert v("translator_batch_rows_count") == 3 * 8 + 2 + 5
+    assert v("translator_decode_step_seconds_count") == 3 * 8 + 2 + 5
+    assert 0 < v("translator_decode_step_seconds_sum") <= v("translator_batch_decode_seconds_sum")
     # Each step observed at its batch's mean rows (beam 4 x running segments): the sum is every row-step.
     assert v("translator_batch_rows_sum") == 3 * 8 * 4 * 2 + 2 * 4 + 5 * 4
     assert v("translator_time_to_first_step_seconds_count") == 8
@@ -371,6 +373,8 @@ def test_inflight_metrics_count_steps_rows_and_first_steps(start_fake_server, cl
         value(server, "translator_batch_rows_count") == 7 and value(server, "translator_batch_rows_sum") == 11
     )
     assert value(server, "translator_time_to_first_step_seconds_count") == 2
+    assert value(server, "translator_decode_step_seconds_count") == 7
+    assert 0 < value(server, "translator_decode_step_seconds_sum") < time.monotonic() - t0
     assert value(server, "translator_batch_segments_count") == 2  # one admission each
     assert value(server, "translator_generated_tokens_total") == 3 + 1
     assert value(server, "translator_input_tokens_total") == 3 + 1

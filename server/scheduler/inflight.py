@@ -123,6 +123,7 @@ class InFlightBatching:
         for seg in dead_segs:
             q.deliver(seg, None, now)
         try:
+            started = time.monotonic()
             fresh = self._admit(admit, now) if admit else []
             rows = self.batch.rows
             finished = self.batch.step() if len(self.batch) else []
@@ -139,6 +140,7 @@ class InFlightBatching:
                 m = self.metrics
                 m.decode_steps.inc()
                 m.batch_rows.observe(rows)
+                m.step_seconds.observe(now - started)
                 for seg in fresh:
                     m.time_to_first_step.observe(now - seg.enqueued_at)
         self._finish_items(finished, now)

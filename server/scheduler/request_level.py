@@ -215,8 +215,10 @@ class RequestLevelBatching:
         if steps:
             m.decode_steps.inc(steps)
             mean_rows = stats.get("row_steps", 0) / steps
-            for _ in range(steps):  # per-step occupancy: the batch's mean rows per step
+            step_s = float(stats.get("decoder_s", 0.0)) / steps
+            for _ in range(steps):  # per-step occupancy and time: the batch's means per step
                 m.batch_rows.observe(mean_rows)
+                m.step_seconds.observe(step_s)
             first = float(stats.get("encoder_s", 0.0)) + float(stats.get("decoder_s", 0.0)) / steps
             for seg in batch:  # estimated: batch start + encoder + one mean step
                 m.time_to_first_step.observe(start - seg.enqueued_at + first)
