@@ -13,11 +13,12 @@ Modes, every one translating all the sentences (text to text) with the bundle's 
   rows, in arrival order (on CUDA with K/V on the device when the bundle has the kv_rows graph).
 
 Reported per mode: sentences/s (best of --reps, modes interleaved), decoder steps, row-steps (rows
-summed over steps), wall ms per row-step, and host ms per step: the time outside ONNX Runtime's runs
-(tokenizing, candidate selection, bookkeeping, numpy copies of the cache), which a GPU does not
-shorten. Finished sentences leave the batch in every mode, so all
-modes run the same row-steps; a batching mode can only change the cost of a row-step (padding, the
-fixed cost of a step shared by more or fewer rows) and the work around the steps.
+summed over steps), wall ms per row-step, and host ms per step and per sentence: the time outside ONNX
+Runtime's runs (tokenizing, candidate selection, bookkeeping, numpy copies of the cache), which a GPU
+does not shorten. Per step, in-flight batching looks costlier (it runs fewer, fuller steps); per
+sentence, the host work of the modes compares directly. Finished sentences leave the batch in every
+mode, so all modes run the same row-steps; a batching mode can only change the cost of a row-step
+(padding, the fixed cost of a step shared by more or fewer rows) and the work around the steps.
 """
 
 from __future__ import annotations
@@ -128,6 +129,7 @@ def measure(
             before = clock[0]
             r = run()
             r["ort_seconds"] = clock[0] - before
+            r["sentences"] = len(texts)
             r["sentences_per_s"] = len(texts) / r["seconds"]
             print(
                 f"beam {beam} rep {rep + 1}/{reps} {mode:15s} {r['sentences_per_s']:7.1f} sentences/s, "
@@ -140,7 +142,9 @@ def measure(
     for r in best.values():
         r["mean_rows"] = r["row_steps"] / max(1, r["steps"])
         r["ms_per_row_step"] = 1000 * r["seconds"] / max(1, r["row_steps"])
-        r["host_ms_per_step"] = 1000 * (r["seconds"] - r["ort_seconds"]) / max(1, r["steps"])
+        host = r["seconds"] - r["ort_seconds"]
+        r["host_ms_per_step"] = 1000 * host / max(1, r["steps"])
+        r["host_ms_per_sentence"] = 1000 * host / max(1, r["sentences"])
     return best
 
 
@@ -186,14 +190,18 @@ def main(argv: list[str] | None = None) -> int:
         report["beams"][str(beam)] = measure(engine, clock, texts, beam, args.batch, args.rows, args.reps)
     where = f"{engine.providers[0]}, {args.threads} thread(s), in-flight K/V on the {storage}"
     print(f"\n{len(texts)} sentences, {where}\n")
-    print("| beam | mode | sentences/s | steps | row-steps | mean rows | ms per row-step | host ms / step |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| beam | mode | sentences/s | steps | row-steps | mean rows | ms per row-step | host ms / step "
+        "| host ms / sentence |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for beam, modes in report["beams"].items():
         for mode in MODES:
             r = modes[mode]
             print(
                 f"| {beam} | {mode} | {r['sentences_per_s']:.1f} | {r['steps']} | {r['row_steps']} | "
-                f"{r['mean_rows']:.1f} | {r['ms_per_row_step']:.3f} | {r['host_ms_per_step']:.2f} |"
+                f"{r['mean_rows']:.1f} | {r['ms_per_row_step']:.3f} | {r['host_ms_per_step']:.2f} | "
+                f"{r['host_ms_per_sentence']:.2f} |"
             )
     ratios = []
     for beam, modes in report["beams"].items():

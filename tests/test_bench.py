@@ -61,6 +61,8 @@ def test_saturation_modes_run_the_same_row_steps(tiny: TinyBundle, tmp_path: Pat
         assert modes["inflight"]["steps"] < modes["request-arrival"]["steps"]
         for r in modes.values():  # the graph runs were timed: host time is the rest
             assert 0 < r["ort_seconds"] < r["seconds"] and r["host_ms_per_step"] > 0
+            host_ms = 1000 * (r["seconds"] - r["ort_seconds"])
+            assert r["host_ms_per_sentence"] == pytest.approx(host_ms / 12)
     assert "inflight / request-sorted" in capsys.readouterr().out.splitlines()[-1]
 
 
