@@ -17,7 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-from bench import evaluate
+from bench import evaluate, unseen_words
+from runtime.faithful.terms import read_term_list
 
 REPORTS = {
     "torch": "eval.json",
@@ -89,6 +90,29 @@ def _curve(history: list[dict]) -> list[str]:
     return lines
 
 
+def _unseen_words_note(model_dir: Path, report: dict) -> list[str]:
+    """For each package where Apertium is ahead: how its pairs with a word no training source holds
+    score, against the rest (bench.unseen_words)."""
+    words_file = model_dir / "source_words.txt"
+    behind = [p for p, r in report["by_package"].items() if r["apertium"]["chrf"] > r["model"]["chrf"]]
+    if not behind or not words_file.exists() or not report.get("segments"):
+        return []
+    segments = [s for s in report["segments"] if s["package"] in behind]
+    table = unseen_words.split_by_package(segments, set(read_term_list(words_file)))
+    out = [""]
+    for package, row in table.items():
+        u, s = row["unseen"], row["seen"]
+        if not u["pairs"]:
+            continue
+        out.append(
+            f"{package}: {u['pairs']} of {row['pairs']} pairs hold a word no training source contains "
+            f"({', '.join(f'`{w}`' for w in row['words'][:6])}, ...): chrF {u['model']} against Apertium's "
+            f"{u['apertium']} there, {s['model']} against {s['apertium']} on the other {s['pairs']} "
+            "(`python -m bench.unseen_words`)."
+        )
+    return out
+
+
 def render(args: argparse.Namespace) -> str:
     reports = {
         k: json.loads((args.model / v).read_text()) for k, v in REPORTS.items() if (args.model / v).exists()
@@ -156,6 +180,7 @@ def render(args: argparse.Namespace) -> str:
             out.append(
                 f"| {package} | {row['n']} | {row['model']['chrf']:.1f} | {row['apertium']['chrf']:.1f}{flag} |"
             )
+        out += _unseen_words_note(args.model, main)
     misses = model["common_strings"]["misses"]
     if misses:
         shown = "; ".join(

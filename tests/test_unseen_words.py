@@ -47,3 +47,14 @@ def test_the_command_prints_the_table_and_writes_json(tmp_path: Path, capsys):
     with pytest.raises(SystemExit) as e:
         unseen_words.main([str(report), "--words", str(words)])
     assert e.value.code == 2 and "needs segments with model and apertium" in capsys.readouterr().err
+
+
+def test_the_model_card_explains_a_package_behind_apertium(tmp_path: Path):
+    from bench.model_card import _unseen_words_note
+
+    (tmp_path / "source_words.txt").write_text("\n".join(sorted(KNOWN)) + "\n")
+    by_package = {"chem": {"model": {"chrf": 60.0}, "apertium": {"chrf": 70.0}},
+                  "ui": {"model": {"chrf": 90.0}, "apertium": {"chrf": 10.0}}}  # fmt: skip
+    (note,) = _unseen_words_note(tmp_path, {"by_package": by_package, "segments": SEGMENTS})[1:]
+    assert note.startswith("chem: 1 of 3 pairs hold a word no training source contains (`Barium`, ...)")
+    assert _unseen_words_note(tmp_path / "none", {"by_package": by_package, "segments": SEGMENTS}) == []
