@@ -42,7 +42,7 @@ DESCRIPTION = (
     "weights per output channel (7-bit symmetric); batch-invariant; float32 K/V cache"
 )
 
-_CONSTANTS = {
+QUANT_CONSTANTS = {
     "int8_inv_levels": np.array([1.0 / ACTIVATION_LEVELS], np.float32),
     "int8_eps": np.array([SCALE_EPS], np.float32),
     "int8_offset": np.array([ZERO_POINT + 0.5], np.float32),
@@ -60,7 +60,7 @@ def quantize_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, scale.astype(np.float32)
 
 
-def _row_quantizer(x: str) -> tuple[list[onnx.NodeProto], str, str]:
+def row_quantizer(x: str) -> tuple[list[onnx.NodeProto], str, str]:
     """Nodes quantizing activation `x` per row: (nodes, uint8 tensor name, (M, 1) scale name)."""
     p = f"{x}_int8"
     nodes = [
@@ -89,7 +89,7 @@ def quantize_int8(src: Path, dst: Path) -> dict[str, int]:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
     graph_outputs = {o.name for o in g.output}
-    g.initializer.extend(numpy_helper.from_array(v, k) for k, v in _CONSTANTS.items())
+    g.initializer.extend(numpy_helper.from_array(v, k) for k, v in QUANT_CONSTANTS.items())
     quantized: dict[str, tuple[str, str]] = {}  # activation -> (uint8 tensor, row scale)
     new_nodes: list[onnx.NodeProto] = []
     dropped: set[int] = set()
@@ -103,7 +103,7 @@ def quantize_int8(src: Path, dst: Path) -> dict[str, int]:
             continue
         x = node.input[0]
         if x not in quantized:
-            nodes, xq, sa = _row_quantizer(x)
+            nodes, xq, sa = row_quantizer(x)
             new_nodes += nodes
             quantized[x] = (xq, sa)
             stats["activations"] += 1
