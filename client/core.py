@@ -76,6 +76,7 @@ class StreamItem:
     repetition_penalty: float | None = None
     no_repeat_ngram_size: int | None = None
     glossary: Mapping[str, str] | None = None
+    literal_markers: bool = False  # `_ & ~` are plain characters, not menu accelerators (TranslateRequest)
 
 
 @dataclass
@@ -280,11 +281,17 @@ def decoding_options(
 
 
 def translate_request(
-    texts: Sequence[str], glossary: Mapping[str, str] | None = None, **options
+    texts: Sequence[str],
+    glossary: Mapping[str, str] | None = None,
+    literal_markers: bool = False,
+    **options,
 ) -> pb.TranslateRequest:
     """A TranslateRequest; `options` are decoding_options()'s keywords."""
     return pb.TranslateRequest(
-        texts=list(texts), options=decoding_options(**options), glossary=glossary_entries(glossary)
+        texts=list(texts),
+        options=decoding_options(**options),
+        glossary=glossary_entries(glossary),
+        literal_markers=literal_markers,
     )
 
 
@@ -324,6 +331,7 @@ def _stream_request(item: StreamItem) -> pb.TranslateStreamRequest:
             item.no_repeat_ngram_size,
         ),
         glossary=glossary_entries(item.glossary),
+        literal_markers=item.literal_markers,
     )
 
 
@@ -486,13 +494,16 @@ class TranslatorClient(_Base):
         repetition_penalty: float | None = None,
         no_repeat_ngram_size: int | None = None,
         glossary: Mapping[str, str] | None = None,
+        literal_markers: bool = False,
     ) -> list[Translation]:
         """One Translation per text, in order; options left at 0/None take the model's defaults.
-        glossary: {English term: required Spanish translation, or "" to keep the term as it is}."""
+        glossary: {English term: required Spanish translation, or "" to keep the term as it is}.
+        literal_markers: `_ & ~` are plain characters (by default a label's menu accelerator moves to
+        the translation: `_OK` -> `_Aceptar`)."""
         options = dict(beam_size=beam_size, num_hypotheses=num_hypotheses, max_length=max_length)
         options |= dict(length_penalty=length_penalty, return_scores=return_scores)
         options |= dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
-        request = translate_request(texts, glossary, **options)
+        request = translate_request(texts, glossary, literal_markers, **options)
         return _translations(self._call(self.stub.Translate, request, timeout).translations)
 
     def translate_text(self, text: str, **kwargs) -> str:
@@ -629,12 +640,13 @@ class AsyncTranslatorClient(_Base):
         repetition_penalty: float | None = None,
         no_repeat_ngram_size: int | None = None,
         glossary: Mapping[str, str] | None = None,
+        literal_markers: bool = False,
     ) -> list[Translation]:
         """As TranslatorClient.translate."""
         options = dict(beam_size=beam_size, num_hypotheses=num_hypotheses, max_length=max_length)
         options |= dict(length_penalty=length_penalty, return_scores=return_scores)
         options |= dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
-        request = translate_request(texts, glossary, **options)
+        request = translate_request(texts, glossary, literal_markers, **options)
         return _translations((await self._call(self.stub.Translate, request, timeout)).translations)
 
     async def translate_text(self, text: str, **kwargs) -> str:

@@ -84,7 +84,15 @@ def stream(run: Run, jobs: list[Job], on_done) -> None:
         return
     batches = run.client.batches(texts, args.batch_size, **run.options)
     items = [
-        StreamItem(str(i), b, timeout_ms=int(args.timeout * 1000), glossary=run.glossary, **run.options)
+        # The catalog's accelerators are already out (runtime.po_catalog): what is left is literal.
+        StreamItem(
+            str(i),
+            b,
+            timeout_ms=int(args.timeout * 1000),
+            glossary=run.glossary,
+            literal_markers=True,
+            **run.options,
+        )
         for i, b in enumerate(batches)
     ]
     feeder = Feeder()

@@ -134,6 +134,35 @@ def strip_accelerator(text: str, markers: str) -> tuple[str, tuple[str, str] | N
     return text, None
 
 
+LONE_MID_WORD_MAX_WORDS = 5  # a marker inside a word (E_xit) counts in a label, not in prose (Quarter_note)
+
+
+def lone_accelerator(text: str) -> tuple[str, tuple[int, str, str] | None]:
+    """A text with no catalog around it to learn the convention from (a Translate call): `text` without
+    its accelerator, and (position, marker, letter) when it has one. Stricter than a catalog's
+    `strip_accelerator`: the marker is the only one of its character in the text (`A_b-c_2` is an
+    identifier) and is followed by a letter (`~5 minutes`), in a word without a slash (`America/El_Paso`);
+    inside a word only in a short label (`E_xit`, not `the SF_Array object ...`), and never an `&` between
+    two words (`Drag&Drop`)."""
+    mask = span_mask(text)
+    for mark in MARKERS:
+        found = candidates(text, mark, mask)
+        if len(found) != 1 or gettext_count(text, mark) != 1:
+            continue
+        i = found[0]
+        nxt, prev = text[i + 1], text[i - 1 : i]
+        word_start = text.rfind(" ", 0, i) + 1
+        word_end = len(text) if (e := text.find(" ", i)) < 0 else e
+        if not nxt.isalpha() or "/" in text[word_start:word_end]:  # America/Costa_Rica: a name
+            continue
+        if prev.isalnum() and (
+            len(text.split()) > LONE_MID_WORD_MAX_WORDS or (mark == "&" and nxt.isupper())
+        ):
+            continue
+        return text[:i] + text[i + 1 :], (i, mark, nxt)
+    return text, None
+
+
 def place_accelerator(text: str, mark: str, letter: str) -> str | None:
     """`text` with `mark` before one letter: the source's letter at a word start if there is one (a word
     of three letters or more first: not on "de"), else the first letter of the first word, outside

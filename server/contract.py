@@ -153,10 +153,16 @@ class TranslationEngine(Protocol):
     def warmup(self) -> None: ...
 
     def prepare(
-        self, texts: Sequence[str], options: DecodingOptions, glossary: Mapping[str, str] | None = None
+        self,
+        texts: Sequence[str],
+        options: DecodingOptions,
+        glossary: Mapping[str, str] | None = None,
+        *,
+        accelerators: bool = True,
     ) -> Prepared:
         """The text layer before decoding: segments to translate; InputTooLongError for an over-long
-        text, ValueError for a bad glossary."""
+        text, ValueError for a bad glossary. accelerators: take a text's menu accelerator (`_Save`) out
+        and put it back on the translation (False: the caller handled them, or texts are not labels)."""
         ...
 
     def finish(

@@ -57,14 +57,17 @@ async def translate_many(
 ) -> list[Hypothesis | None]:
     """The best hypothesis of every text (None for one the service refused alone, e.g. too long), in
     requests of at most `core.max_texts` texts. A refused request is retried text by text; overload,
-    deadline and the like end the whole file (Failure)."""
+    deadline and the like end the whole file (Failure). The text layer leaves `_ & ~` alone here
+    (accelerators=False): a catalog's accelerators are runtime.po_catalog's, and a text file is prose."""
     results: list[Hypothesis | None] = [None] * len(texts)
     slots = asyncio.Semaphore(PARALLEL_REQUESTS)
 
     async def one(start: int, chunk: Sequence[str]) -> None:
         async with slots:
             try:
-                out = await core.translate(chunk, options, request_id=request_id, stats={})
+                out = await core.translate(
+                    chunk, options, request_id=request_id, stats={}, accelerators=False
+                )
             except Failure as f:
                 if f.kind != INVALID or len(chunk) == 1:
                     if f.kind == INVALID:
@@ -72,9 +75,10 @@ async def translate_many(
                     raise
                 for i, text in enumerate(chunk):
                     try:
-                        results[start + i] = (await core.translate([text], options, request_id=request_id))[
-                            0
-                        ][0]
+                        alone = await core.translate(
+                            [text], options, request_id=request_id, accelerators=False
+                        )
+                        results[start + i] = alone[0][0]
                     except Failure as g:
                         if g.kind != INVALID:
                             raise

@@ -254,6 +254,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         deadline: float | None,
         request_id: str,
         stats: dict,
+        literal_markers: bool = False,
     ) -> list[pb.Translation]:
         """The shared path (server/translate.py) with proto in and out; raises RpcFailure."""
         try:
@@ -264,6 +265,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                 deadline,
                 request_id,
                 stats,
+                accelerators=not literal_markers,
             )
         except Failure as f:
             raise rpc_failure(f) from None
@@ -303,7 +305,13 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         self.metrics.in_flight.inc()
         try:
             translations = await self._translate(
-                request.texts, request.options, request.glossary, _deadline(context), request_id, stats
+                request.texts,
+                request.options,
+                request.glossary,
+                _deadline(context),
+                request_id,
+                stats,
+                request.literal_markers,
             )
         except RpcFailure as f:
             self.metrics.in_flight.dec()
@@ -347,7 +355,13 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             if failure is not None:
                 raise failure
             translations = await self._translate(
-                req.texts, req.options, req.glossary, _deadline(context, req.timeout_ms), item_id, stats
+                req.texts,
+                req.options,
+                req.glossary,
+                _deadline(context, req.timeout_ms),
+                item_id,
+                stats,
+                req.literal_markers,
             )
         except RpcFailure as f:
             self._record("TranslateStream", item_id, f.code, start, stats, f.message, item=True)

@@ -123,9 +123,11 @@ class TranslationCore:
         deadline: float | None = None,
         request_id: str = "-",
         stats: dict | None = None,
+        accelerators: bool = True,
     ) -> list[list[Hypothesis]]:
         """One n-best list per text (best first, after the text layer); raises Failure.
-        `deadline` is time.monotonic() based; `stats` receives the request's counters for the log."""
+        `deadline` is time.monotonic() based; `stats` receives the request's counters for the log;
+        `accelerators`: the text layer moves menu accelerators (False for files: see server.files)."""
         stats = {} if stats is None else stats
         backend = self.require_backend()
         engine = backend.engine
@@ -136,7 +138,7 @@ class TranslationCore:
         except InvalidGlossaryError as e:
             raise Failure(INVALID, str(e)) from e
         try:
-            prepared = engine.prepare(list(texts), engine_options, terms)
+            prepared = engine.prepare(list(texts), engine_options, terms, accelerators=accelerators)
         except ValueError as e:  # InputTooLongError: a text over max_text_chars
             raise Failure(INVALID, str(e)) from None
         stats["texts"] = len(texts)

@@ -77,6 +77,7 @@ class FakeEngine:
         self.fail_on = fail_on  # decoding a text with this core raises RuntimeError (an engine failure)
         self._supports_inflight = supports_inflight
         self.last_stats: dict[str, Any] = {}  # like server.engine.Engine's: read by the scheduler's metrics
+        self.accelerators_seen: list[bool] = []  # prepare(accelerators=...) per call
         self.batches: list[tuple[list[str], DecodingOptions]] = []  # every translate() call
         self.running: list[FakeRunningBatch] = []  # every running_batch()
         self._lock = threading.Lock()  # one batch at a time, like the real engine
@@ -113,9 +114,16 @@ class FakeEngine:
         self.translate(["Hello world."], self.default_options)
 
     def prepare(
-        self, texts: Sequence[str], options: DecodingOptions, glossary: Mapping[str, str] | None = None
+        self,
+        texts: Sequence[str],
+        options: DecodingOptions,
+        glossary: Mapping[str, str] | None = None,
+        *,
+        accelerators: bool = True,
     ) -> Prepared:
-        """No text layer: each text is one segment, refused when over max_source_tokens."""
+        """No text layer: each text is one segment, refused when over max_source_tokens; what the
+        server asked for is kept for tests (`accelerators_seen`)."""
+        self.accelerators_seen.append(accelerators)
         counts = self.count_tokens(list(texts))
         for i, n in enumerate(counts):
             if error := self.too_long(n, f"texts[{i}]"):

@@ -375,7 +375,7 @@ def test_a_file_upload_needs_a_file_and_a_known_format(http):
 
 def test_an_unexpected_error_is_500_and_logged_with_its_traceback(http, caplog):
     class Broken(FakeEngine):
-        def prepare(self, texts, options, glossary=None):
+        def prepare(self, texts, options, glossary=None, **kwargs):
             raise RuntimeError("prepare exploded")
 
     server = http(Broken(step_s=0))

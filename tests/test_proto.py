@@ -79,7 +79,12 @@ def test_message_fields():
     assert not o.HasField("length_penalty")
     o.length_penalty = 0.0
     assert o.HasField("length_penalty")
-    assert set(pb.TranslateRequest.DESCRIPTOR.fields_by_name) == {"texts", "options", "glossary"}
+    assert set(pb.TranslateRequest.DESCRIPTOR.fields_by_name) == {
+        "texts",
+        "options",
+        "glossary",
+        "literal_markers",
+    }
     assert set(pb.Hypothesis.DESCRIPTOR.fields_by_name) == {"text", "score"}
     assert {"request_id", "texts", "options"} <= set(pb.TranslateStreamRequest.DESCRIPTOR.fields_by_name)
     assert {"request_id", "translations", "status"} <= set(

@@ -443,7 +443,7 @@ def test_engine_failure_is_internal_and_counted(start_fake_server, client_for, c
 
 def test_an_unexpected_error_in_a_handler_is_internal(start_fake_server, client_for, caplog):
     class Broken(FakeEngine):
-        def prepare(self, texts, options, glossary=None):
+        def prepare(self, texts, options, glossary=None, **kwargs):
             raise RuntimeError("prepare exploded")
 
     server = start_fake_server(Broken(step_s=0))

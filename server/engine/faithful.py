@@ -29,6 +29,7 @@ from runtime.faithful.mask import SENTINEL_PATTERN, Masked, mask, repair, restor
 from runtime.faithful.segment import COLUMNS, MAX_TEXT_CHARS, segment, split_to_fit
 from runtime.faithful.spans import Glossary, Span, find_spans
 from runtime.faithful.terms import is_known_word
+from runtime.po_text import lone_accelerator, place_accelerator
 from runtime.tokenizer import Tokenizer
 from server.contract import Hypothesis, InputTooLongError, Prepared, SegmentNote
 
@@ -60,8 +61,9 @@ class _Unit:
 
 @dataclass
 class _Text:
-    text: str
+    text: str  # without its menu accelerator, if it had one
     parts: list[str | _Unit]  # separators (copied) and units, in order
+    accelerator: tuple[int, str, str] | None = None  # (position in the source, marker, letter)
 
 
 @dataclass
@@ -204,9 +206,17 @@ class TextLayer:
     # ---- the contract -----------------------------------------------------------------------------------
 
     def prepare(
-        self, texts: Sequence[str], options: DecodingOptions, glossary: Mapping[str, str] | None = None
+        self,
+        texts: Sequence[str],
+        options: DecodingOptions,
+        glossary: Mapping[str, str] | None = None,
+        *,
+        accelerators: bool = True,
     ) -> Prepared:
-        """The first round; InputTooLongError names a text over MAX_TEXT_CHARS."""
+        """The first round; InputTooLongError names a text over MAX_TEXT_CHARS. accelerators: a text's
+        menu accelerator (`_Save`, `&Save`, `~Save`: runtime.po_text.lone_accelerator) is taken out before
+        the model (trained without them) and put on a letter of the translation; False when the caller
+        handled them (catalogs) or the texts are not UI labels."""
         gloss = Glossary(dict(glossary)) if glossary else None
         plans = []
         for i, text in enumerate(texts):
@@ -215,7 +225,8 @@ class TextLayer:
                     f"texts[{i}] has {len(text)} characters, over the limit of {MAX_TEXT_CHARS} "
                     "(max_text_chars); send long documents in several texts (e.g. one per paragraph)"
                 )
-            plans.append(_Text(text, self._first_round(text, gloss)))
+            text, accel = lone_accelerator(text) if accelerators else (text, None)
+            plans.append(_Text(text, self._first_round(text, gloss), accel))
         units = [u for t in plans for u in t.parts if isinstance(u, _Unit)]
         return self._round(_Plan(options, gloss, plans, []), units, options)
 
@@ -245,7 +256,7 @@ class TextLayer:
                 t.parts = [p for part in t.parts for p in retry.get(id(part), [part])]
             units = [u for parts in retry.values() for u in parts if isinstance(u, _Unit)]
             return self._round(plan, units, plan.requested)
-        return [_assemble(t, n_best) for t in plan.texts]
+        return [_with_accelerator(t.accelerator, _assemble(t, n_best)) for t in plan.texts]
 
 
 _WORDS = re.compile(r"[^\W\d_]+")
@@ -326,6 +337,24 @@ def _final_candidates(
     return [(m.source, 0.0, [])], SegmentNote(
         "passed_through", u.start, u.end, f"{first_problem}; kept the source"
     )
+
+
+def _with_accelerator(accel: tuple[int, str, str] | None, hyps: list[Hypothesis]) -> list[Hypothesis]:
+    """The hypotheses with the source's accelerator put back on a letter (runtime.po_text's rule: the
+    same letter at a word start if there is one), and the notes' offsets moved back into the source."""
+    if accel is None:
+        return hyps
+    at, mark, letter = accel
+
+    def source_offset(i: int) -> int:
+        return i + 1 if i > at else i
+
+    out = []
+    for h in hyps:
+        text = place_accelerator(h.text, mark, letter) if h.text.strip() else None
+        notes = tuple(replace(n, start=source_offset(n.start), end=source_offset(n.end)) for n in h.notes)
+        out.append(replace(h, text=h.text if text is None else text, notes=notes))
+    return out
 
 
 def _assemble(t: _Text, n_best: int) -> list[Hypothesis]:

@@ -128,10 +128,15 @@ class Engine:
         return [len(next(it)) if c else 0 for c in cores]
 
     def prepare(
-        self, texts: Sequence[str], options: DecodingOptions, glossary: Mapping[str, str] | None = None
+        self,
+        texts: Sequence[str],
+        options: DecodingOptions,
+        glossary: Mapping[str, str] | None = None,
+        *,
+        accelerators: bool = True,
     ) -> Prepared:
         """The text layer's first half: the segments to translate (see server.engine.faithful)."""
-        return self.text_layer.prepare(texts, options, glossary)
+        return self.text_layer.prepare(texts, options, glossary, accelerators=accelerators)
 
     def finish(
         self, prepared: Prepared, results: Sequence[list[Hypothesis] | None]

@@ -71,14 +71,16 @@ class Translation(_message.Message):
     def __init__(self, hypotheses: _Optional[_Iterable[_Union[Hypothesis, _Mapping]]] = ..., notes: _Optional[_Iterable[_Union[SegmentNote, _Mapping]]] = ...) -> None: ...
 
 class TranslateRequest(_message.Message):
-    __slots__ = ("texts", "options", "glossary")
+    __slots__ = ("texts", "options", "glossary", "literal_markers")
     TEXTS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     GLOSSARY_FIELD_NUMBER: _ClassVar[int]
+    LITERAL_MARKERS_FIELD_NUMBER: _ClassVar[int]
     texts: _containers.RepeatedScalarFieldContainer[str]
     options: DecodingOptions
     glossary: _containers.RepeatedCompositeFieldContainer[GlossaryEntry]
-    def __init__(self, texts: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., glossary: _Optional[_Iterable[_Union[GlossaryEntry, _Mapping]]] = ...) -> None: ...
+    literal_markers: bool
+    def __init__(self, texts: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., glossary: _Optional[_Iterable[_Union[GlossaryEntry, _Mapping]]] = ..., literal_markers: _Optional[bool] = ...) -> None: ...
 
 class TranslateResponse(_message.Message):
     __slots__ = ("translations",)
@@ -87,18 +89,20 @@ class TranslateResponse(_message.Message):
     def __init__(self, translations: _Optional[_Iterable[_Union[Translation, _Mapping]]] = ...) -> None: ...
 
 class TranslateStreamRequest(_message.Message):
-    __slots__ = ("request_id", "texts", "options", "timeout_ms", "glossary")
+    __slots__ = ("request_id", "texts", "options", "timeout_ms", "glossary", "literal_markers")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXTS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     GLOSSARY_FIELD_NUMBER: _ClassVar[int]
+    LITERAL_MARKERS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     texts: _containers.RepeatedScalarFieldContainer[str]
     options: DecodingOptions
     timeout_ms: int
     glossary: _containers.RepeatedCompositeFieldContainer[GlossaryEntry]
-    def __init__(self, request_id: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., glossary: _Optional[_Iterable[_Union[GlossaryEntry, _Mapping]]] = ...) -> None: ...
+    literal_markers: bool
+    def __init__(self, request_id: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., glossary: _Optional[_Iterable[_Union[GlossaryEntry, _Mapping]]] = ..., literal_markers: _Optional[bool] = ...) -> None: ...
 
 class ItemStatus(_message.Message):
     __slots__ = ("code", "message", "retry_after_ms")
