@@ -88,6 +88,8 @@ GOLDEN_TEXTS = [
     "  Save changes to the document?  ",
     "Copy %s to %s",
     "<b>Warning:</b> disk full",
+    "Save _As...",  # a menu accelerator moves to the translation
+    "_OK",
 ]
 
 
