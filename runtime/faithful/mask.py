@@ -84,18 +84,35 @@ def _token_pattern(tok: str) -> str:
     return re.escape(tok) + (r"(?!\d)" if tok.startswith("%") else "")
 
 
-def mask(source: str, spans: list[Span]) -> Masked:
+def mask(source: str, spans: list[Span], open_tags: Sequence[Span] = ()) -> Masked:
     """Spans -> sentinels. A tag glued to the text it wraps (`<b>Apply</b>`) gets a space inside the pair
     in the masked text (`%1 Apply %2`): the model translates the word rather than copying the run; the
-    space goes again on restore."""
+    space goes again on restore. open_tags: tags left visible (not in `spans`); one that opens and is
+    glued to a word (`<b>Warning:</b>`) gets a space after it likewise, when it occurs once: after a tag
+    the tokenizer cannot start the word with its usual piece (`W ar n ing`, which the model translated
+    `Calentización`), after a space it can (`<b> Warning:</b>` -> `<b>Advertencia:</b>`)."""
     parts, pos, padded = [], 0, []
     tokens = _tokens(source, spans)
-    for s, sent in zip(spans, tokens, strict=True):
-        tok = sent
+    marks = [*zip(spans, tokens, strict=True), *((t, None) for t in open_tags)]
+    for s, sent in sorted(marks, key=lambda m: m[0].start):
         parts.append(source[pos : s.start])
+        glued_after = source[s.end : s.end + 1].strip() and source[s.end] != "<"
+        if sent is None:  # a visible tag
+            tok = s.text
+            if (
+                tag_name(s.text)[0] == "open"
+                and source[s.end : s.end + 1].isalnum()
+                and source.count(s.text) == 1
+            ):
+                tok = tok + " "
+                padded.append((s.text, "after"))
+            parts.append(tok)
+            pos = s.end
+            continue
+        tok = sent
         if s.kind == "tag":
             kind, _ = tag_name(s.text)
-            if kind == "open" and source[s.end : s.end + 1].strip() and source[s.end] != "<":
+            if kind == "open" and glued_after:
                 tok = tok + " "
                 padded.append((sent, "after"))
             elif kind == "close" and s.start and source[s.start - 1].strip() and source[s.start - 1] != ">":
@@ -184,17 +201,17 @@ def restore(m: Masked, output: str, visible: Sequence[Span] | None = None) -> tu
     visible: the spans left in the model's input as they are (the text layer's first try); they must come
     back verbatim, as often as in the source, with nothing placeholder-like lost or invented, printf in
     order and tags nested."""
+    for tok, side in m.padded:  # the space mask() put inside a tag pair
+        if side == "after":
+            output = re.sub(_token_pattern(tok) + " ", lambda _, t=tok: t, output, count=1)
+        else:
+            output = re.sub(" " + _token_pattern(tok), lambda _, t=tok: t, output, count=1)
     if visible is not None and not m.spans:
         return output, _visible_problem(m.source, output, visible)
     problem = _problem(m, output, check_invented=visible is None)
     if problem is not None:
         return None, problem
     by_sentinel = {t: s.restore for t, s in zip(m.sentinels, m.spans, strict=True)}
-    for tok, side in m.padded:  # the space mask() put inside a tag pair
-        if side == "after":
-            output = re.sub(_token_pattern(tok) + " ", tok, output, count=1)
-        else:
-            output = re.sub(" " + _token_pattern(tok), tok, output, count=1)
     spaced = _spaced(m, output)
     # Restored spans are checked like visible ones (the model may have put "--" before a "--ipv6"), on
     # the output with each span back as in the source (a glossary term's translation may be anything).

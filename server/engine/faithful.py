@@ -140,7 +140,8 @@ class TextLayer:
         # A first try only when it can differ from the full masking, and never with visible %1 / {0}
         # next to sentinels (they would read as each other).
         if first and (visible or whole) and not (hidden and SENTINEL_PATTERN.search(piece)):
-            return _Unit(start, end, mask(piece, hidden), visible, whole)
+            tags = [s for s in visible if s.kind == "tag"]
+            return _Unit(start, end, mask(piece, hidden, tags), visible, whole)
         return _Unit(start, end, full, None, False)
 
     def _fits(self, hide_all: bool, gloss: Glossary | None):

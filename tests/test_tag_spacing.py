@@ -1,0 +1,55 @@
+"""Visible tags glued to the word they open (`<b>Warning:</b>`): the model gets a space after the tag, where
+the tokenizer starts the word with its usual piece, and the translation gets the source's gluing back."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.faithful.mask import mask, restore
+from runtime.faithful.spans import find_spans
+from server.engine import Engine
+
+
+def tags(text: str):
+    return [s for s in find_spans(text) if s.kind == "tag"]
+
+
+def test_an_opening_tag_glued_to_a_word_gets_a_space_and_loses_it_again():
+    source = "<b>Warning:</b> disk full"
+    m = mask(source, [], tags(source))
+    assert m.text == "<b> Warning:</b> disk full" and m.padded == (("<b>", "after"),)
+    want = "<b>Advertencia:</b> disco lleno"
+    assert restore(m, "<b> Advertencia:</b> disco lleno", tags(source)) == (want, None)
+    # The model may glue it itself: nothing to take away then.
+    assert restore(m, want, tags(source))[0] == want
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "<b> Warning:</b> disk full",  # the source has the space already
+        "<b>'%1'</b> was modified",  # punctuation after the tag: the word keeps its usual piece
+        "<b>Note:</b> <b>Warning</b>",  # a tag twice: which one got the space would be a guess
+        "Disk full</b>",  # a closing tag
+    ],
+)
+def test_other_tags_stay_as_they_are(source):
+    m = mask(source, [], tags(source))
+    assert m.text == source and m.padded == ()
+
+
+def test_a_backslash_in_a_padded_tag_is_kept():
+    source = r'<a href="C:\docs">Open</a>'
+    m = mask(source, [], tags(source))
+    assert restore(m, r'<a href="C:\docs"> Abrir</a>', tags(source))[0] == r'<a href="C:\docs">Abrir</a>'
+
+
+def test_the_shipped_model_translates_a_word_right_after_a_tag(shipped_bundle):
+    """Before: `<b>Warning:</b> disk full` -> `<b>Calentización:</b> disco completo` (the word spelled
+    W-ar-n-ing after the tag); `Warning:` alone was always `Advertencia:`."""
+    engine = Engine(shipped_bundle, intra_op_threads=1)
+    (got,), (alone,) = (
+        engine.translate_texts(["<b>Warning:</b> disk full"]),
+        engine.translate_texts(["Warning:"]),
+    )
+    assert got[0].text.startswith("<b>" + alone[0].text + "</b> ")
