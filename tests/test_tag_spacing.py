@@ -38,6 +38,14 @@ def test_other_tags_stay_as_they_are(source):
     assert m.text == source and m.padded == ()
 
 
+def test_a_line_break_tag_glued_to_a_word_gets_a_space_too():
+    source = "Disk full.<br/>Free some space"
+    m = mask(source, [], tags(source))
+    assert m.text == "Disk full.<br/> Free some space"
+    got = restore(m, "Disco lleno.<br/> Libere espacio", tags(source))[0]
+    assert got == "Disco lleno.<br/>Libere espacio"
+
+
 def test_a_backslash_in_a_padded_tag_is_kept():
     source = r'<a href="C:\docs">Open</a>'
     m = mask(source, [], tags(source))

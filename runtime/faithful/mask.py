@@ -87,8 +87,9 @@ def _token_pattern(tok: str) -> str:
 def mask(source: str, spans: list[Span], open_tags: Sequence[Span] = ()) -> Masked:
     """Spans -> sentinels. A tag glued to the text it wraps (`<b>Apply</b>`) gets a space inside the pair
     in the masked text (`%1 Apply %2`): the model translates the word rather than copying the run; the
-    space goes again on restore. open_tags: tags left visible (not in `spans`); one that opens and is
-    glued to a word (`<b>Warning:</b>`) gets a space after it likewise, when it occurs once: after a tag
+    space goes again on restore. open_tags: tags left visible (not in `spans`); one that opens or stands
+    alone (`<br/>`) and is glued to a word (`<b>Warning:</b>`) gets a space after it likewise, when it
+    occurs once: after a tag
     the tokenizer cannot start the word with its usual piece (`W ar n ing`, which the model translated
     `Calentización`), after a space it can (`<b> Warning:</b>` -> `<b>Advertencia:</b>`)."""
     parts, pos, padded = [], 0, []
@@ -100,7 +101,7 @@ def mask(source: str, spans: list[Span], open_tags: Sequence[Span] = ()) -> Mask
         if sent is None:  # a visible tag
             tok = s.text
             if (
-                tag_name(s.text)[0] == "open"
+                tag_name(s.text)[0] in ("open", "empty")
                 and source[s.end : s.end + 1].isalnum()
                 and source.count(s.text) == 1
             ):
