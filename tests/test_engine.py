@@ -30,6 +30,7 @@ from server.engine import (
 )
 from server.engine import generator as generator_module
 from server.engine.cache import BoundCache, NumpyCache
+from server.engine.search import select_candidates
 from tests.test_export import (
     MAX_LENGTH_CAP,
     TEXTS,
@@ -154,6 +155,37 @@ def test_settled_rule_bound_and_ties():
     assert settled([fin], [2], [-2.0 - slack], [3], [9], [0.0]) == [True]
     assert settled([fin], [2], [-2.0], [3], [9], [0.0]) == [False]
     assert settled([fin[:1]], [2], [-50.0], [3], [9], [1.0]) == [False]  # fewer than n_best finished
+
+
+def test_select_candidates_counts_a_live_beam_in_the_last_column():
+    """K = 3 whose three best candidates are EOS (they finish): the next three, the last column included,
+    are the three live beams."""
+    V, eos = 10, 2
+    top_i = np.array([[0 * V + eos, 1 * V + eos, 2 * V + eos, 0 * V + 5, 1 * V + 5, 2 * V + 5]])
+    top_s = np.array([[-1.0, -2.0, -3.0, -4.0, -5.0, -6.0]], dtype=np.float32)
+    _, _, _, eos_fin, n_live, new_beam, new_tok, new_score = select_candidates(
+        top_s, top_i, V, eos, 0, np.array([3]), 3
+    )
+    assert eos_fin.tolist() == [[True, True, True, False, False, False]]
+    assert n_live.tolist() == [3]
+    assert new_beam.tolist() == [[0, 1, 2]] and new_tok.tolist() == [[5, 5, 5]]
+    assert new_score.tolist() == [[-4.0, -5.0, -6.0]]
+
+
+def test_select_candidates_keeps_rank_order_past_16_candidates():
+    """Beam 10 (20 candidates, where numpy's default sort is no longer stable): the live beams are the
+    first ten continuing candidates in rank order, whatever EOS candidates sit between them."""
+    K, V, eos = 10, 100, 2
+    rank = np.arange(2 * K)
+    tok = 3 + rank // K
+    tok[[0, 5]] = eos  # ranked below K: they finish
+    top_i = (rank % K * V + tok)[None, :]
+    top_s = (-1.0 - rank).astype(np.float32)[None, :]
+    *_, n_live, new_beam, new_tok, new_score = select_candidates(top_s, top_i, V, eos, 0, np.array([K]), K)
+    live = [1, 2, 3, 4, 6, 7, 8, 9, 10, 11]
+    assert n_live.tolist() == [K]
+    assert new_score.tolist() == [[-1.0 - r for r in live]]
+    assert new_beam.tolist() == [[r % K for r in live]] and new_tok.tolist() == [[3 + r // K for r in live]]
 
 
 @pytest.mark.parametrize("k,n_best,alpha", [(4, 1, 0.0), (4, 2, 0.0), (3, 1, 0.6), (5, 2, 0.3)])

@@ -4,6 +4,7 @@ memory or on the device (IOBinding)."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import numpy as np
 import pytest
 
 from server.engine import BatchItem, BundleError, DecodingOptions, Engine
+from server.engine.cache import BoundCache, NumpyCache
+from server.engine.rows import DeviceRows, grow
 from tests.conftest import copy_without_kv_rows
 from tests.test_engine import same
 from tests.test_export import TEXTS, TinyBundle, build_tiny_bundle
@@ -183,6 +186,25 @@ def test_old_graph_is_refused(engine: Engine, monkeypatch):
     monkeypatch.setattr(engine.generator, "row_positions", False)
     with pytest.raises(BundleError, match="per-row positions"):
         engine.running_batch()
+
+
+def test_device_storage_needs_iobinding_and_both_kv_graphs(engine: Engine):
+    """K/V on the device need the IOBinding cache and both the kv_rows and kv_step graphs: a bundle with
+    one of them only is refused (the engine then keeps the in-flight cache on the host)."""
+    graphs = engine.generator.graphs
+    bound = BoundCache(graphs, "cpu", 0)
+    assert DeviceRows(graphs, bound).source_width == 0
+    for missing in ("kv_rows", "kv_step"):
+        with pytest.raises(BundleError, match="kv_rows/kv_step graphs"):
+            DeviceRows(dataclasses.replace(graphs, **{missing: None}), bound)
+    with pytest.raises(BundleError, match="IOBinding"):
+        DeviceRows(graphs, NumpyCache(graphs))
+
+
+def test_storage_grows_only_past_its_capacity():
+    """An exact fit keeps the buffers (no re-layout of the cache); past it, room for twice the need."""
+    assert grow(0, 0) == 0 and grow(3, 4) == 4 and grow(4, 4) == 4
+    assert grow(5, 4) == 10 and grow(5, 4, headroom=1.5) == 7
 
 
 @pytest.mark.parametrize("storage", ["host", "device"])

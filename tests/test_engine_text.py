@@ -4,6 +4,7 @@ satisfy."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 from model.decode import max_output_length
 from server.contract import InFlightBatch, TranslationEngine
 from server.engine import BundleError, DecodingOptions, Engine, Hypothesis, InputTooLongError
+from server.engine.sessions import Graphs
 from server.engine.text import RunningBatch
 from tests.test_export import MAX_LENGTH_CAP, MAX_SOURCE_TOKENS, ROOT, TEXTS, TinyBundle, build_tiny_bundle
 
@@ -60,6 +62,17 @@ def test_load_metadata_and_round_trip(engine: Engine, tiny: TinyBundle):
     engine.warmup()
     assert engine.last_stats["segments"] == 2 and engine.last_stats["steps"] > 0
     assert engine.translate(TEXTS, engine.default_options) == out
+
+
+def test_batch_time_breakdown_adds_up(engine: Engine):
+    """The phases of a batch's time (bench/engine_speed's breakdown) each lie within its total, and
+    together take no more than it."""
+    engine.translate(TEXTS, DecodingOptions(beam_size=2))
+    st = engine.last_stats
+    phases = ("tokenize_s", "encoder_s", "decoder_s", "select_s", "reorder_s", "detokenize_s")
+    for key in phases:
+        assert 0 <= st[key] <= st["total_s"], key
+    assert sum(st[key] for key in phases) <= st["total_s"]
 
 
 def test_engine_imports_no_torch(tiny: TinyBundle):
@@ -174,6 +187,41 @@ def test_unknown_variant_and_truncated_file(bundle_copy: Path):
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(BundleError, match=r"int8/encoder\.onnx: size"):
         Engine(bundle_copy, variant="int8", intra_op_threads=1)
+
+
+def test_decoder_and_manifest_vocabularies_must_match(bundle_copy: Path):
+    """A tokenizer and manifest that agree (one piece less) with a decoder that does not: the error names
+    the decoder graph and both sizes."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    tok = bundle_copy / "tokenizer.model"
+    model = sentencepiece_model_pb2.ModelProto()
+    model.ParseFromString(tok.read_bytes())
+    vocab = len(model.pieces)
+    del model.pieces[-1]  # an ordinary piece
+    tok.write_bytes(model.SerializeToString())
+    path = bundle_copy / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["vocab_size"] = vocab - 1
+    manifest["files"]["tokenizer.model"] = {
+        "sha256": hashlib.sha256(tok.read_bytes()).hexdigest(),
+        "bytes": tok.stat().st_size,
+    }
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(BundleError) as e:
+        Engine(bundle_copy, intra_op_threads=1)
+    decoder = bundle_copy / "fp32" / "decoder.onnx"
+    assert str(e.value) == f"{decoder}: vocabulary {vocab}, manifest says {vocab - 1}"
+
+
+def test_unexpected_graph_interface_lists_every_problem(engine: Engine, tmp_path: Path):
+    """An encoder graph where the decoder belongs: one error naming the bundle and each problem."""
+    encoder = engine.generator.graphs.encoder
+    with pytest.raises(BundleError) as e:
+        Graphs.inspect({"encoder": encoder, "decoder": encoder}, tmp_path)
+    message = str(e.value)
+    assert message.startswith(f"{tmp_path}: unexpected graph interface: decoder has no past_key_* inputs; ")
+    assert "; decoder lacks inputs [" in message and "; decoder lacks outputs [" in message
 
 
 # ---------------------------------------------------------------------------------------- contract

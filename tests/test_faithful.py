@@ -334,6 +334,33 @@ def test_a_stuttering_hypothesis_goes_after_a_fluent_one(layer):
     assert hyps[0].text == "Adiós adiós"
 
 
+@pytest.mark.parametrize(
+    ("source", "texts"),
+    [
+        ("Delete %s?", ["¿Borrar %s?", "¿Borrar %s?", "¿Eliminar %s?"]),  # first round: %s left visible
+        ("Mode", ["Modo", "Modo", "Manera"]),  # nothing to keep visible: the masked round's rules
+    ],
+)
+def test_hypotheses_that_read_the_same_are_listed_once(layer, source, texts):
+    """Two hypotheses (different tokens) with the same text: the n-best list has it once."""
+    first = layer.prepare([source], DecodingOptions(beam_size=3, num_hypotheses=3))
+    [out] = layer.finish(first, [[Hypothesis(t, -0.1 * (i + 1), [5 + i]) for i, t in enumerate(texts)]])
+    assert [(h.text, h.score) for h in out] == [(texts[0], -0.1), (texts[2], -0.1 * 3)]
+
+
+def test_a_long_glossary_term_fits_as_the_one_piece_it_is_sent_as(layer):
+    """Fitting a text to the model's window counts a glossary term as its sentinel: the text below is 34
+    tokens written out but 7 with the term masked, so it goes whole, the term never cut in two (where
+    the glossary would no longer find it)."""
+    term = "Zyxwvut Qrstuvw Mnopqrs Ghijklm Abcdefg"
+    text = f"Open the {term} settings now."
+    assert layer._tokens(text) > 24
+    p = layer.prepare([text], DecodingOptions(beam_size=1), {term: "Zyx"})
+    assert p.segments == ["Open the %1 settings now."]
+    [hyps] = layer.finish(p, [[Hypothesis("Abrir la configuración de %1 ahora.", -1.0, [5])]])
+    assert hyps[0].text == "Abrir la configuración de Zyx ahora."
+
+
 def test_a_span_followed_by_a_digit_gets_a_sentinel_that_does_not_read_into_it(layer):
     m = mask("Size %d5 and %s", find_spans("Size %d5 and %s"))
     assert m.text == "Size {0}5 and %1"  # "%15" would read as sentinel %15

@@ -5,6 +5,7 @@ start`), a shutdown while the model still loads, and /metrics keeping stderr to 
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import json
 import logging
 import os
@@ -20,8 +21,10 @@ import pytest
 
 from client import TranslatorClient, TranslatorError
 from client.load import free_port
+from server.__main__ import exit_with
 from tests.conftest import REPO_ROOT, RunningServer, base_config
 from tests.fake_engine import FakeEngine
+from tests.test_exit_watchdog import _exit as exit_in_a_child
 
 
 @pytest.mark.parametrize("busy", ["metrics", "http"])
@@ -162,3 +165,17 @@ def test_the_default_bundle_comes_from_the_bundles_dir(server_loop, tmp_path):
     server.start()
     server.stop(1)
     assert seen == [store / "en-es-small"]
+
+
+def test_the_exit_keeps_its_code_and_a_hung_teardown_ends_with_1():
+    """python -m server ends with exit_with(main()): sys.exit with the code, with faulthandler armed so
+    that a teardown that hangs dumps every stack and exits 1 (here in this process, the watchdog disarmed
+    at once; then in a child whose teardown hangs, as tests/test_exit_watchdog.py does)."""
+    try:
+        with pytest.raises(SystemExit) as e:
+            exit_with(3, 600.0)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    assert e.value.code == 3
+    hung = exit_in_a_child(0, hang=True)
+    assert hung.returncode == 1 and "Timeout" in hung.stderr

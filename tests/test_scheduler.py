@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import threading
 import time
 
 import pytest
@@ -24,7 +25,7 @@ from server.metrics import Metrics
 from server.scheduler import EngineFailure, InvalidInput, Job, QueueFullError, RequestCancelled, Scheduler
 from server.scheduler.jobs import Segment
 from tests.conftest import copy_without_kv_rows
-from tests.fake_engine import FakeEngine
+from tests.fake_engine import FakeEngine, GatedEngine
 
 TEXTS = [
     "Open the file",
@@ -358,6 +359,39 @@ def test_engine_failures_and_refusals(mode):
     errors = {s.name: s.value for m in metrics.registry.collect() for s in m.samples}
     assert errors["translator_engine_errors_total"] == 1  # refusals are not engine errors
     assert outcomes(metrics)["failed"] == 3 and outcomes(metrics)["translated"] == 2
+
+
+def test_a_deadline_is_due_at_its_instant():
+    j = Job(["Print"], [1], GREEDY, deadline=100.0)
+    assert not j.expired(99.999) and not j.dead(99.999)
+    assert j.expired(100.0) and j.dead(100.0)
+    assert not Job(["Print"], [1], GREEDY).expired(1e12)  # no deadline
+
+
+def test_stop_is_bounded_and_a_worker_stuck_in_the_engine_does_not_hold_the_exit():
+    """stop(timeout) returns with the worker still inside an engine call that does not end; the worker is
+    a daemon thread, so the process can exit without it. Once the call ends, the worker finishes."""
+    gated = GatedEngine(step_s=0)
+    gated.gate.clear()
+    before = set(threading.enumerate())
+    scheduler, _ = make_scheduler(gated, max_wait_ms=1)
+    (worker,) = [t for t in set(threading.enumerate()) - before if t.name == "engine-worker"]
+
+    async def main():
+        running = asyncio.ensure_future(scheduler.run(job(gated, ["Print"])))
+        assert await asyncio.to_thread(gated.waiting.wait, 10)
+        t0 = time.monotonic()
+        await asyncio.to_thread(scheduler.stop, 0.05)
+        assert time.monotonic() - t0 < 5 and worker.is_alive() and worker.daemon
+        gated.gate.set()
+        return await running
+
+    try:
+        done = asyncio.run(main())
+    finally:
+        gated.gate.set()
+        scheduler.stop(10)
+    assert not worker.is_alive() and done.results == [SOLO.translate(["Print"], GREEDY)[0]]
 
 
 # ---- in-flight batching (fake engine) -------------------------------------------------------------------
