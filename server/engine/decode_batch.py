@@ -10,7 +10,6 @@ needs a decoder graph with per-row positions (N,). The text level over it is tex
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -106,7 +105,6 @@ class DecodeBatch:
         self._hist = np.zeros((0, 1, 0), dtype=np.int64)  # (n_cap, Kc, L) tokens so far per beam
         self.steps = 0
         self.settled = 0  # sentences retired by the settled() stop
-        self.last_step_s = 0.0
 
     # ---------------------------------------------------------------------------------- properties
 
@@ -315,7 +313,6 @@ class DecodeBatch:
         greedy = kc == 1
         n_cand = 1 if greedy else min(2 * kc, kc * V)
         bias, cross = self._store.sources(n)
-        t0 = time.perf_counter()
         guards = guard_pairs(self._hist[:n], self.t, np.isfinite(self.scores), self.penalty, self.ngram, V)
         feed = {
             "input_ids": self.tokens,
@@ -376,5 +373,4 @@ class DecodeBatch:
             self.tokens = np.ascontiguousarray(new_tok[perm, :kc_next]).reshape(-1, 1)
             self.scores = np.ascontiguousarray(new_score[perm, :kc_next], dtype=np.float32)
             self.t = self.t + 1
-        self.last_step_s = time.perf_counter() - t0
         return out
