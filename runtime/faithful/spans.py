@@ -48,6 +48,7 @@ KINDS = (
     "keep",
     "name",
     "unknown",
+    "quoted",
     "number",
     "symbol",
     "control",
@@ -85,6 +86,9 @@ _NAME = re.compile(
     r"|[A-Za-z]\w*_\w+)(?![\w])"
 )
 _CAPITALISED = re.compile(r"(?<![\w])[A-Z][^\W\d_]{2,}(?![\w])")
+# One lowercase word alone between quotes ('otioconvert', "gfe", 'barys'): a command, a file or a word
+# quoted as a word. Not an apostrophe inside a name (Khmel'nyts'ky).
+_QUOTED_WORD = re.compile(r"(?<![\w'’])[\"'“‘«]([a-z][a-z0-9_+-]*[a-z0-9])[\"'”’»](?![\w'’])")
 _WORD = re.compile(r"[^\W_](?:[\w+.-]*[\w+])?")
 _PRINTF_ORDERED = re.compile(r"%(?!\d+\$)[-+#0']*(?:\d+|\*)?(?:\.(?:\d+|\*))?[a-zA-Z]+")
 
@@ -292,6 +296,9 @@ def find_spans(
         for m in _CAPITALISED.finditer(text):
             if unknown_word(m.group(0)):
                 found.append(Span(m.start(), m.end(), "unknown", m.group(0), m.group(0)))
+        for m in _QUOTED_WORD.finditer(text):
+            if unknown_word(m.group(1)):
+                found.append(Span(m.start(1), m.end(1), "quoted", m.group(1), m.group(1)))
     found += _matches(_NUMBER, text, "number")
     found += _runs(text, is_symbol_char, "symbol", glue=" ")
     found += _runs(text, is_control_char, "control")

@@ -1,5 +1,5 @@
-"""Visible tags glued to the word they open (`<b>Warning:</b>`): the model gets a space after the tag, where
-the tokenizer starts the word with its usual piece, and the translation gets the source's gluing back."""
+"""Text-layer rules chosen on valid: a space after a tag glued to a word (for the model only), and quoted
+words the model never saw kept as they are."""
 
 from __future__ import annotations
 
@@ -61,3 +61,39 @@ def test_the_shipped_model_translates_a_word_right_after_a_tag(shipped_bundle):
         engine.translate_texts(["Warning:"]),
     )
     assert got[0].text.startswith("<b>" + alone[0].text + "</b> ")
+
+
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        ('Could not find "otioconvert" script', ["otioconvert"]),
+        ("Greek 'barys' for 'heavy'.", ["barys"]),  # 'heavy' is a word the model knows
+        ("Config File «libkleopatrarc»", ["libkleopatrarc"]),
+        ("Khmel'nyts'ky", []),  # apostrophes inside a name, not quotes
+        ("the 'otioconvert'-based tool", ["otioconvert"]),
+        ("x'otioconvert'y", []),  # glued to words: not quotes
+    ],
+)
+def test_a_quoted_word_the_model_never_saw_is_kept(text, kept):
+    known = {
+        "could",
+        "not",
+        "find",
+        "script",
+        "greek",
+        "for",
+        "heavy",
+        "config",
+        "file",
+        "the",
+        "based",
+        "tool",
+    }
+    spans = find_spans(text, unknown_word=lambda w: w.lower() not in known)
+    assert [s.text for s in spans if s.kind == "quoted"] == kept
+
+
+def test_the_shipped_model_keeps_a_quoted_command(shipped_bundle):
+    engine = Engine(shipped_bundle, intra_op_threads=1)
+    (got,) = engine.translate_texts(['The version of "xfreerdp" you are using is too old.'])
+    assert '"xfreerdp"' in got[0].text or "«xfreerdp»" in got[0].text, got[0].text
