@@ -61,12 +61,14 @@ async def translate_many(
     (accelerators=False): a catalog's accelerators are runtime.po_catalog's, and a text file is prose."""
     results: list[Hypothesis | None] = [None] * len(texts)
     slots = asyncio.Semaphore(PARALLEL_REQUESTS)
+    parts: list[dict] = []  # each request's counters, summed into the file's log line
 
     async def one(start: int, chunk: Sequence[str]) -> None:
         async with slots:
             try:
+                parts.append({})
                 out = await core.translate(
-                    chunk, options, request_id=request_id, stats={}, accelerators=False
+                    chunk, options, request_id=request_id, stats=parts[-1], accelerators=False
                 )
             except Failure as f:
                 if f.kind != INVALID or len(chunk) == 1:
@@ -75,8 +77,9 @@ async def translate_many(
                     raise
                 for i, text in enumerate(chunk):
                     try:
+                        parts.append({})
                         alone = await core.translate(
-                            [text], options, request_id=request_id, accelerators=False
+                            [text], options, request_id=request_id, stats=parts[-1], accelerators=False
                         )
                         results[start + i] = alone[0][0]
                     except Failure as g:
@@ -87,8 +90,13 @@ async def translate_many(
             results[start + i] = hyps[0]
 
     step = core.max_texts
-    await asyncio.gather(*(one(i, texts[i : i + step]) for i in range(0, len(texts), step)))
-    stats["texts"] = len(texts)
+    try:
+        await asyncio.gather(*(one(i, texts[i : i + step]) for i in range(0, len(texts), step)))
+    finally:
+        stats["texts"] = len(texts)
+        for key in ("segments", "input_tokens", "output_tokens", "queue_ms", "decode_ms"):
+            total = sum(p.get(key, 0) for p in parts)
+            stats[key] = round(total, 2) if isinstance(total, float) else total
     return results
 
 

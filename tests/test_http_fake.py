@@ -414,3 +414,15 @@ def test_https_asks_for_a_client_certificate_when_a_client_ca_is_set(http, tmp_p
     context.load_cert_chain(str(pki["client_pem"]), str(pki["client_key"]))
     with urllib.request.urlopen(health, context=context, timeout=10) as r:
         assert json.loads(r.read()) == {"status": "SERVING"}
+
+
+def test_a_file_requests_log_line_counts_its_segments_and_tokens(http, caplog):
+    """The file's texts go through several translate calls; the one log line sums their counters."""
+    server = http()
+    with caplog.at_level(logging.INFO, logger="server.requests"):
+        status, _, body = upload(server, "notes.txt", "Open the file\n\nSave it now\n")
+    assert (status, body["filled"]) == (200, 2)
+    (line,) = http_lines(caplog)
+    assert (line["rpc"], line["texts"], line["segments"]) == ("TranslateFile", 2, 2)
+    assert (line["input_tokens"], line["output_tokens"]) == (6, 6)  # the fake engine: one token a word
+    assert line["queue_ms"] >= 0 and line["decode_ms"] >= 0
