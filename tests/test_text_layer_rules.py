@@ -1,10 +1,11 @@
-"""Text-layer rules chosen on valid: a space after a tag glued to a word (for the model only), and quoted
-words the model never saw kept as they are."""
+"""Text-layer rules chosen on valid: a space after a tag glued to a word (for the model only), quoted words
+the model never saw kept as they are, and the first letter in the case of the source's."""
 
 from __future__ import annotations
 
 import pytest
 
+from runtime.faithful.casing import match_first_case
 from runtime.faithful.mask import mask, restore
 from runtime.faithful.spans import find_spans
 from server.engine import Engine
@@ -97,3 +98,26 @@ def test_the_shipped_model_keeps_a_quoted_command(shipped_bundle):
     engine = Engine(shipped_bundle, intra_op_threads=1)
     (got,) = engine.translate_texts(['The version of "xfreerdp" you are using is too old.'])
     assert '"xfreerdp"' in got[0].text or "«xfreerdp»" in got[0].text, got[0].text
+
+
+@pytest.mark.parametrize(
+    ("source", "output", "want"),
+    [
+        ("Empty slot", "ranura vacía", "Ranura vacía"),
+        ("<para>An error occurred.</para>", "<para>un error.</para>", "<para>Un error.</para>"),
+        ('"Mounted Camera" driver', "controlador «x»", "Controlador «x»"),
+        ("open file", "abrir archivo", "abrir archivo"),  # the source is lowercase
+        ("Run systemd", "systemd se ejecuta", "systemd se ejecuta"),  # a do-not-translate term
+        ("Sync iPod", "iPod sinc", "iPod sinc"),  # a capital inside: a name
+        ("X86 build", "x86 compilación", "x86 compilación"),  # a digit: an identifier
+        ("Save", "", ""),
+    ],
+)
+def test_the_first_letter_takes_the_sources_case(source, output, want):
+    assert match_first_case(source, output, keep={"systemd"}) == want
+
+
+def test_the_text_layer_capitalises_what_the_model_started_in_lowercase(shipped_bundle):
+    engine = Engine(shipped_bundle, intra_op_threads=1)
+    (got,) = engine.translate_texts(['<b>Homepage:</b> <a href="%1">%1</a>'])
+    assert got[0].text.startswith("<b>P"), got[0].text  # the model writes `página`

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from runtime.decoding import DecodingOptions
+from runtime.faithful.casing import match_first_case
 from runtime.faithful.mask import SENTINEL_PATTERN, Masked, mask, repair, restore
 from runtime.faithful.segment import COLUMNS, MAX_TEXT_CHARS, segment, split_to_fit
 from runtime.faithful.spans import Glossary, Span, find_spans
@@ -257,7 +258,7 @@ class TextLayer:
                 t.parts = [p for part in t.parts for p in retry.get(id(part), [part])]
             units = [u for parts in retry.values() for u in parts if isinstance(u, _Unit)]
             return self._round(plan, units, plan.requested)
-        return [_with_accelerator(t.accelerator, _assemble(t, n_best)) for t in plan.texts]
+        return [_with_accelerator(t.accelerator, _assemble(t, n_best, self.keep_terms)) for t in plan.texts]
 
 
 _WORDS = re.compile(r"[^\W\d_]+")
@@ -358,7 +359,7 @@ def _with_accelerator(accel: tuple[int, str, str] | None, hyps: list[Hypothesis]
     return out
 
 
-def _assemble(t: _Text, n_best: int) -> list[Hypothesis]:
+def _assemble(t: _Text, n_best: int, keep: Collection[str] = ()) -> list[Hypothesis]:
     """The text's n-best list: hypothesis k joins each unit's k-th candidate (its last when it has fewer);
     the score is the mean over translated units; the notes go on the best one."""
     units = [p for p in t.parts if isinstance(p, _Unit)]
@@ -377,5 +378,6 @@ def _assemble(t: _Text, n_best: int) -> list[Hypothesis]:
                 tokens += toks
         scores = [u.cands[min(k, len(u.cands) - 1)][1] for u in translated]
         score = sum(scores) / len(scores) if scores else 0.0
-        out.append(Hypothesis("".join(pieces), score, tokens, notes if k == 0 else ()))
+        text = match_first_case(t.text, "".join(pieces), keep)
+        out.append(Hypothesis(text, score, tokens, notes if k == 0 else ()))
     return out
