@@ -134,7 +134,7 @@ def strip_accelerator(text: str, markers: str) -> tuple[str, tuple[str, str] | N
     return text, None
 
 
-LONE_MID_WORD_MAX_WORDS = 5  # a marker inside a word (E_xit) counts in a label, not in prose (Quarter_note)
+LONE_MID_WORD_MAX_WORDS = 5  # `_` inside a word (E_xit) counts in a label, not in prose (Quarter_note)
 
 
 def lone_accelerator(text: str) -> tuple[str, tuple[int, str, str] | None]:
@@ -142,8 +142,8 @@ def lone_accelerator(text: str) -> tuple[str, tuple[int, str, str] | None]:
     its accelerator, and (position, marker, letter) when it has one. Stricter than a catalog's
     `strip_accelerator`: the marker is the only one of its character in the text (`A_b-c_2` is an
     identifier) and is followed by a letter (`~5 minutes`), in a word without a slash (`America/El_Paso`);
-    inside a word only in a short label (`E_xit`, not `the SF_Array object ...`), and never an `&` between
-    two words (`Drag&Drop`)."""
+    an `_` or `~` inside a word only in a short label (`E_xit`, not `the SF_Array object ...`), an `&`
+    inside a word only before a lowercase letter (`Mar&k`, not `Drag&Drop`)."""
     mask = span_mask(text)
     for mark in MARKERS:
         found = candidates(text, mark, mask)
@@ -155,8 +155,10 @@ def lone_accelerator(text: str) -> tuple[str, tuple[int, str, str] | None]:
         word_end = len(text) if (e := text.find(" ", i)) < 0 else e
         if not nxt.isalpha() or "/" in text[word_start:word_end]:  # America/Costa_Rica: a name
             continue
+        # Inside a word: `&` before a lowercase letter is a KDE accelerator at any length (`Mar&k articles
+        # as read when they arrive`); an `_` only in a short label (prose has identifiers: `SF_Array`).
         if prev.isalnum() and (
-            len(text.split()) > LONE_MID_WORD_MAX_WORDS or (mark == "&" and nxt.isupper())
+            (mark == "&" and nxt.isupper()) or (mark != "&" and len(text.split()) > LONE_MID_WORD_MAX_WORDS)
         ):
             continue
         return text[:i] + text[i + 1 :], (i, mark, nxt)

@@ -21,6 +21,7 @@ from server.engine.faithful import _with_accelerator
         ("Save _As...", "Save As...", (5, "_", "A")),
         ("E_xit", "Exit", (1, "_", "x")),
         ("Fi&le", "File", (2, "&", "l")),
+        ("Mar&k articles as read when they arrive", "Mark articles as read when they arrive", (3, "&", "k")),
         ("~Insert Row", "Insert Row", (0, "~", "I")),
         ('Set window manager "_URGENT" hint', 'Set window manager "URGENT" hint', (20, "_", "U")),
     ],
