@@ -28,6 +28,6 @@ def match_first_case(source: str, output: str, keep: Collection[str] = ()) -> st
     if i is None or j is None or not source[i].isupper() or not output[j].islower():
         return output
     word = _WORD.match(output, j).group(0)
-    if word in keep or not word.isalpha() or not word[1:].islower() and len(word) > 1:
+    if word in keep or not word.isalpha() or (len(word) > 1 and not word[1:].islower()):
         return output
     return output[:j] + output[j].upper() + output[j + 1 :]

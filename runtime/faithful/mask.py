@@ -89,15 +89,14 @@ def mask(source: str, spans: list[Span], open_tags: Sequence[Span] = ()) -> Mask
     in the masked text (`%1 Apply %2`): the model translates the word rather than copying the run; the
     space goes again on restore. open_tags: tags left visible (not in `spans`); one that opens or stands
     alone (`<br/>`) and is glued to a word (`<b>Warning:</b>`) gets a space after it likewise, when it
-    occurs once: after a tag
-    the tokenizer cannot start the word with its usual piece (`W ar n ing`, which the model translated
-    `Calentización`), after a space it can (`<b> Warning:</b>` -> `<b>Advertencia:</b>`)."""
+    occurs once: after a tag the tokenizer cannot start the word with its usual piece (`W ar n ing`,
+    which the model translated `Calentización`), after a space it can (`<b> Warning:</b>` ->
+    `<b>Advertencia:</b>`)."""
     parts, pos, padded = [], 0, []
     tokens = _tokens(source, spans)
     marks = [*zip(spans, tokens, strict=True), *((t, None) for t in open_tags)]
     for s, sent in sorted(marks, key=lambda m: m[0].start):
         parts.append(source[pos : s.start])
-        glued_after = source[s.end : s.end + 1].strip() and source[s.end] != "<"
         if sent is None:  # a visible tag
             tok = s.text
             if (
@@ -113,7 +112,7 @@ def mask(source: str, spans: list[Span], open_tags: Sequence[Span] = ()) -> Mask
         tok = sent
         if s.kind == "tag":
             kind, _ = tag_name(s.text)
-            if kind == "open" and glued_after:
+            if kind == "open" and source[s.end : s.end + 1].strip() and source[s.end] != "<":
                 tok = tok + " "
                 padded.append((sent, "after"))
             elif kind == "close" and s.start and source[s.start - 1].strip() and source[s.start - 1] != ">":
