@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from model.corpus import Pair, write_splits
-from model.train import learning_rate, main, make_batches
+from model.train import converged, learning_rate, main, make_batches
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 TOKENIZER = Path(__file__).resolve().parent.parent / "models" / "en-es-small" / "tokenizer.model"
@@ -97,6 +97,38 @@ def test_a_stopped_run_resumes_exactly(tiny_data, tmp_path, monkeypatch):
         assert torch.equal(released[name], tensor.half()), name
     info = json.loads((tmp_path / "last" / "training.json").read_text())
     assert info["best"]["step"] == 6 and info["hardware"]
+
+
+def test_convergence_is_no_better_loss_within_the_last_validations():
+    def history(*losses):
+        return [{"step": 250 * (i + 1), "valid_loss": v} for i, v in enumerate(losses)]
+
+    still_learning = history(1.30, 1.28, 1.27, 1.26, 1.25)
+    assert not converged(still_learning, patience=2, min_delta=0.005)
+    # the last 2 validations are no better than 1.25 - 0.005: converged, even with a new (tiny) best
+    assert converged(history(1.30, 1.25, 1.249, 1.252), patience=2, min_delta=0.005)
+    assert not converged(history(1.30, 1.25, 1.244, 1.252), patience=2, min_delta=0.005)
+    assert not converged(history(1.30, 1.30), patience=2, min_delta=0.005)  # too few validations to tell
+    assert not converged(history(1.30, 1.30, 1.30, 1.30), patience=0, min_delta=0.005)  # rule off
+
+
+def test_a_run_stops_when_it_has_converged(tiny_data, tmp_path, monkeypatch, capsys):
+    """With a zero learning rate the valid loss never moves: the rule stops the run after patience + 1
+    validations, long before --max-steps, and the run still releases and checkpoints."""
+    import model.train as train_module
+
+    monkeypatch.setattr(
+        train_module.TransformerConfig, "small", classmethod(
+            lambda cls, v: cls(vocab_size=v, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
+                               n_decoder_layers=1, max_positions=64)
+        ),
+    )  # fmt: skip
+    run = tmp_path / "run"
+    _run(tiny_data, run, "--max-steps", "50", "--valid-every", "1", "--lr", "0", "--patience", "2")
+    state = torch.load(run / "last.pt", weights_only=False)
+    assert state["step"] == 3 and [r["step"] for r in state["history"]] == [1, 2, 3]
+    assert "converged at step 3" in capsys.readouterr().err
+    assert (run / "rel" / "model.safetensors").exists()
 
 
 def test_frequent_pairs_repeat_by_log_of_their_package_count(tmp_path):
