@@ -56,6 +56,19 @@ def tiny_data(tmp_path_factory):
     return out
 
 
+@pytest.fixture
+def tiny_model(monkeypatch):
+    """The trainer's "small" config shrunk to a 16-dim, one-layer model: seconds per run."""
+    import model.train as train_module
+
+    monkeypatch.setattr(
+        train_module.TransformerConfig, "small", classmethod(
+            lambda cls, v: cls(vocab_size=v, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
+                               n_decoder_layers=1, max_positions=64)
+        ),
+    )  # fmt: skip
+
+
 def _run(data: Path, run: Path, *extra: str) -> None:
     main(
         ["--data", str(data), "--tokenizer", str(TOKENIZER), "--run-dir", str(run),
@@ -65,16 +78,8 @@ def _run(data: Path, run: Path, *extra: str) -> None:
     )  # fmt: skip
 
 
-def test_a_stopped_run_resumes_exactly(tiny_data, tmp_path, monkeypatch):
+def test_a_stopped_run_resumes_exactly(tiny_data, tiny_model, tmp_path):
     """Three steps, stop, resume to six == six steps in one go: same batches, same dropout, same weights."""
-    import model.train as train_module
-
-    monkeypatch.setattr(
-        train_module.TransformerConfig, "small", classmethod(
-            lambda cls, v: cls(vocab_size=v, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
-                               n_decoder_layers=1, max_positions=64)
-        ),
-    )  # fmt: skip
     _run(tiny_data, tmp_path / "once", "--max-steps", "6")
     _run(tiny_data, tmp_path / "twice", "--max-steps", "3")
     _run(tiny_data, tmp_path / "twice", "--max-steps", "6", "--resume")
@@ -112,17 +117,9 @@ def test_convergence_is_no_better_loss_within_the_last_validations():
     assert not converged(history(1.30, 1.30, 1.30, 1.30), patience=0, min_delta=0.005)  # rule off
 
 
-def test_a_run_stops_when_it_has_converged(tiny_data, tmp_path, monkeypatch, capsys):
+def test_a_run_stops_when_it_has_converged(tiny_data, tiny_model, tmp_path, capsys):
     """With a zero learning rate the valid loss never moves: the rule stops the run after patience + 1
     validations, long before --max-steps, and the run still releases and checkpoints."""
-    import model.train as train_module
-
-    monkeypatch.setattr(
-        train_module.TransformerConfig, "small", classmethod(
-            lambda cls, v: cls(vocab_size=v, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
-                               n_decoder_layers=1, max_positions=64)
-        ),
-    )  # fmt: skip
     run = tmp_path / "run"
     _run(tiny_data, run, "--max-steps", "50", "--valid-every", "1", "--lr", "0", "--patience", "2")
     state = torch.load(run / "last.pt", weights_only=False)
@@ -144,18 +141,11 @@ def test_frequent_pairs_repeat_by_log_of_their_package_count(tmp_path):
     assert repeat_frequent(pairs, tmp_path / "missing.jsonl") == pairs
 
 
-def test_snapshots_of_the_last_validations_average_into_a_release(tiny_data, tmp_path, monkeypatch, capsys):
+def test_snapshots_of_the_last_validations_average_into_a_release(tiny_data, tiny_model, tmp_path, capsys):
     """--keep-snapshots N keeps the newest N validations' weights; model.average scores each and their mean
     and writes the mean as a release."""
-    import model.train as train_module
     from model.average import main as average_main
 
-    monkeypatch.setattr(
-        train_module.TransformerConfig, "small", classmethod(
-            lambda cls, v: cls(vocab_size=v, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
-                               n_decoder_layers=1, max_positions=64)
-        ),
-    )  # fmt: skip
     run = tmp_path / "run"
     _run(tiny_data, run, "--max-steps", "3", "--valid-every", "1", "--keep-snapshots", "2")
     capsys.readouterr()
