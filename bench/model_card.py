@@ -69,6 +69,30 @@ def _row(name: str, s: dict) -> str:
     )
 
 
+def _convergence(history: list[dict], train_config: dict) -> str:
+    """The trainer's convergence rule (model.train.converged) applied to the shipped weights' history."""
+    from model.train import TrainConfig, converged
+
+    patience = train_config.get("patience", TrainConfig.patience)
+    delta = train_config.get("min_delta", TrainConfig.min_delta)
+    if not patience:
+        return "The trainer's convergence rule was off (`--patience 0`)."
+    rule = (
+        f"Convergence rule (`model.train.converged`): none of the last {patience} validations lowers the "
+        f"best valid loss of the earlier ones by {delta}."
+    )
+    if len(history) <= patience:
+        return f"{rule} Too few validations to judge ({len(history)})."
+    before, recent = history[:-patience], history[-patience:]
+    old = min(r["valid_loss"] for r in before)
+    new = min(r["valid_loss"] for r in recent)
+    state = "met" if converged(history, patience, delta) else "not met yet"
+    return (
+        f"{rule} At step {history[-1]['step']:,} it is {state}: the last {patience} validations "
+        f"(steps {recent[0]['step']:,}-{recent[-1]['step']:,}) took the best loss from {old:.3f} to {new:.3f}."
+    )
+
+
 def _curve(history: list[dict]) -> list[str]:
     lines = [
         "| step | epoch | valid loss | novel valid BLEU (greedy) | novel chrF | all valid BLEU | common UI strings "
@@ -216,6 +240,7 @@ def render(args: argparse.Namespace) -> str:
         "criterion) and on 400 of all valid pairs; the common UI strings' accepted share.",
         "Steps before the first row of this run (`run: init`) were trained on the old split (train without "
         "held-out sources); their BLEU is on the old valid sample, not comparable.",
+        _convergence(history, training["train_config"]),
         "",
         *_curve(history),
         "",

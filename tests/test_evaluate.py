@@ -348,11 +348,25 @@ def test_model_card_is_rendered_from_the_evaluations(data_dir, tiny_checkpoint, 
     assert service["systems"]["model"]["text_layer"] is True and "what the service returns" in card
     assert "Test CPU, 2 cores" in card and "| 200 | 1 | 2.500 | 20.50 |" in card
     assert "train 3, valid 0 (0 novel), test 6 (4 novel)" in card
+    assert "none of the last 16 validations" in card and "Too few validations to judge (2)" in card
     # re-rendering from the kept reports gives the same card
     model_card.main(
         ["--model", str(model), "--data", str(data), "--bundle", str(tiny_bundle), "--no-evaluate"]
     )
     assert (model / "MODEL_CARD.md").read_text(encoding="utf-8") == card
+
+
+def test_the_model_card_says_whether_the_run_has_converged():
+    from bench.model_card import _convergence
+
+    def history(*losses):
+        return [{"step": 250 * (i + 1), "valid_loss": v} for i, v in enumerate(losses)]
+
+    going = _convergence(history(1.30, 1.28, 1.25), {"patience": 2, "min_delta": 0.005})
+    assert "At step 750 it is not met yet" in going and "from 1.300 to 1.250" in going
+    done = _convergence(history(1.30, 1.25, 1.249, 1.252), {"patience": 2, "min_delta": 0.005})
+    assert "At step 1,000 it is met" in done and "(steps 750-1,000)" in done
+    assert "was off" in _convergence(history(1.3, 1.2, 1.1), {"patience": 0})
 
 
 def test_tune_decoding_picks_the_smallest_alpha_near_the_best_on_valid(data_dir, tiny_checkpoint, tmp_path):
