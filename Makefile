@@ -9,7 +9,7 @@ DATA ?= data
 # The tokenizer `make train` trains with: the shipped one unless told (see `make tokenizer`).
 TOKENIZER ?= $(MODEL)/tokenizer.model
 
-.PHONY: help install system-deps run serve bundle corpus data-check tokenizer train release average keep-terms tune-decoding evaluate model-card bench bench-batching proto lint test stack-test fuzz soak mutation clean
+.PHONY: help install system-deps run serve bundle corpus data-check tokenizer train release average keep-terms memory tune-decoding evaluate model-card bench bench-batching proto lint test stack-test fuzz soak mutation clean
 
 # Every target, one line each (tests/test_cli.py checks that none is missing).
 help:
@@ -36,6 +36,7 @@ help:
 	@echo "  make average         mean of the run's last validation snapshots, scored, into runs/en-es-small/averaged"
 	@echo "  make release         copy the run's best weights (or RELEASE=dir) and their tokenizer into $(MODEL)/"
 	@echo "  make keep-terms      learn the do-not-translate list and source words into $(MODEL)/ (~20 s)"
+	@echo "  make memory          the translation memory (Debian's agreed translations) into $(MODEL)/ (~10 s)"
 	@echo "  make tune-decoding   choose the decoding defaults of $(MODEL) on the valid split (its decoding.json)"
 	@echo "  make evaluate        score $(MODEL) on the test split against Apertium into runs/eval.json"
 	@echo "  make model-card      evaluate $(MODEL) (test, UI strings, fp32/int8) and write its MODEL_CARD.md"
@@ -68,7 +69,7 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    prometheus apertium apertium-eng-spa nginx docker-compose gettext chromium chromium-driver >/dev/null; }
 
-$(BUNDLE)/manifest.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(MODEL)/tokenizer.model $(MODEL)/decoding.json $(wildcard $(MODEL)/keep_terms.txt $(MODEL)/source_words.txt) | install
+$(BUNDLE)/manifest.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(MODEL)/tokenizer.model $(MODEL)/decoding.json $(wildcard $(MODEL)/keep_terms.txt $(MODEL)/source_words.txt $(MODEL)/memory.jsonl.gz) | install
 	$(PY) -m export --checkpoint $(MODEL) --out $(BUNDLE)
 
 bundle: $(BUNDLE)/manifest.json
@@ -115,6 +116,10 @@ average: data-check install
 # Terms the human translations copy unchanged (program and product names): the text layer keeps them.
 keep-terms: data-check install
 	$(PY) -m model.keep_terms --data $(DATA) --out $(MODEL)/keep_terms.txt
+
+# The translation memory: each training source with the translation Debian's packages agree on.
+memory: data-check install
+	$(PY) -m model.memory --data $(DATA) --out $(MODEL)/memory.jsonl.gz
 
 # Decoding defaults, chosen on the valid split through the engine, written to $(MODEL)/decoding.json.
 tune-decoding: data-check install bundle

@@ -236,14 +236,16 @@ def translate_onnx(
     repetition_penalty: float = 1.0,
     no_repeat_ngram_size: int = 0,
     text_layer: bool = False,
+    memory: bool = True,
 ) -> Translation:
     """The serving engine in-process: ``Engine.translate`` (the raw model path: a text over
     max_source_tokens is skipped, an empty output) or, with `text_layer`, ``Engine.translate_texts`` (what
     the service does: segmentation, masking, restoring; long texts are split, so none is skipped unless
-    the text layer refuses it). Same length-sorted batches either way."""
+    the text layer refuses it). Same length-sorted batches either way. `memory`: the text layer answers
+    from the bundle's translation memory, as the service does by default."""
     from server.engine import DecodingOptions, Engine  # lazy: the torch backend must not need it
 
-    engine = Engine(bundle, variant=variant, device=device, intra_op_threads=threads)
+    engine = Engine(bundle, variant=variant, device=device, intra_op_threads=threads, memory=memory)
     engine.warmup()
     options = DecodingOptions(
         beam_size=beam, num_hypotheses=1, max_length=0, length_penalty=length_penalty,
@@ -254,6 +256,7 @@ def translate_onnx(
     info = {
         "backend": "onnx",
         "text_layer": text_layer,
+        "memory": text_layer and bool(engine.memory),
         "bundle": str(bundle),
         "variant": variant,
         "name": getattr(engine, "name", None),
@@ -406,6 +409,7 @@ def translate_model(args: argparse.Namespace, texts: list[str]) -> Translation:
         return translate_onnx(
             args.bundle, args.variant, texts, args.beam, args.length_penalty, args.batch_size, args.device,
             args.threads, args.repetition_penalty, args.no_repeat_ngram_size, text_layer=args.text_layer,
+            memory=not args.no_memory,
         )  # fmt: skip
     if args.model is None:
         raise SystemExit("--model (or --bundle) is required")
@@ -565,6 +569,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="--bundle only: translate through Engine.translate_texts (the service's text layer: "
         "segmentation, masking, restoring) instead of the raw Engine.translate",
+    )
+    parser.add_argument(
+        "--no-memory",
+        action="store_true",
+        help="--text-layer: leave the bundle's translation memory out (the model translates every text)",
     )
     parser.add_argument("--apertium", action="store_true", help="also translate the sample with Apertium")
     parser.add_argument("--apertium-pair", default=None, help="Apertium mode (default: en-es or eng-spa)")

@@ -242,10 +242,10 @@ def read_glossary(path: str, keep: list[str]) -> dict[str, str]:
 
 def format_notes(t, index: int, text: str) -> list[str]:
     """Segments the server did not translate as the model wrote them (not the ones with nothing to
-    translate), one stderr line each."""
+    translate, nor texts from the translation memory: neither is a problem), one stderr line each."""
     out = []
     for n in t.notes:
-        if n.reason == "nothing to translate":
+        if n.reason == "nothing to translate" or n.action == "memory":
             continue
         what = "kept untranslated" if n.action == "passed_through" else "repaired"
         out.append(f"note: text {index + 1}: {text[n.start : n.end]!r} {what}: {n.reason}")

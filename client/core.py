@@ -44,7 +44,7 @@ class Hypothesis:
 class SegmentNote:
     """A segment the server's text layer passed through or repaired (see docs/service.md)."""
 
-    action: str  # "passed_through" | "repaired"
+    action: str  # "passed_through" | "repaired" | "memory"
     start: int  # [start, end) in the source text
     end: int
     reason: str
@@ -303,6 +303,7 @@ def glossary_entries(glossary: Mapping[str, str] | None) -> list[pb.GlossaryEntr
 _NOTE_ACTIONS = {
     pb.SegmentNote.ACTION_PASSED_THROUGH: "passed_through",
     pb.SegmentNote.ACTION_REPAIRED: "repaired",
+    pb.SegmentNote.ACTION_MEMORY: "memory",
 }
 
 

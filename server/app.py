@@ -106,7 +106,13 @@ def threads_in_use(engine: Any) -> int | None:
 def default_engine_factory(bundle_dir: Path, config: ServerConfig) -> Any:
     from server.engine import Engine
 
-    return Engine(bundle_dir, variant=config.variant, device=config.device, intra_op_threads=config.threads)
+    return Engine(
+        bundle_dir,
+        variant=config.variant,
+        device=config.device,
+        intra_op_threads=config.threads,
+        memory=config.memory,
+    )
 
 
 class TranslatorServer:

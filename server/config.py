@@ -56,6 +56,7 @@ class ServerConfig:
     shutdown_grace_s: float = 30.0  # how long in-flight RPCs may run after SIGTERM
     drain_delay_s: float = 0.0  # NOT_SERVING this long before refusing new RPCs (load balancers)
     warmup: bool = True
+    memory: bool = True  # answer texts the bundle's translation memory has with Debian's own translation
     log_level: str = "INFO"  # DEBUG | INFO | WARNING | ERROR | CRITICAL, any case
 
     @property
@@ -207,6 +208,8 @@ HELP = {
     "shutdown_grace_s": "seconds (>= 0) in-flight RPCs may run after SIGTERM/SIGINT",
     "drain_delay_s": "seconds (>= 0) to report NOT_SERVING before refusing new RPCs on shutdown",
     "warmup": "run a warm-up translation before reporting SERVING",
+    "memory": "answer a text that Debian's translators already translated with their translation "
+    "(the bundle's translation memory)",
     "log_level": "DEBUG, INFO, WARNING, ERROR or CRITICAL (any case)",
 }
 

@@ -37,9 +37,10 @@ class InputTooLongError(ValueError):
 
 @dataclass(frozen=True)
 class SegmentNote:
-    """A segment of a text that the text layer passed through or repaired (proto SegmentNote)."""
+    """A segment of a text that the text layer passed through, repaired or took from the translation
+    memory (proto SegmentNote)."""
 
-    action: str  # "passed_through" | "repaired"
+    action: str  # "passed_through" | "repaired" | "memory"
     start: int  # [start, end) of the segment in the source text
     end: int
     reason: str

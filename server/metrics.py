@@ -128,11 +128,12 @@ class Metrics:
         self.text_segments = Counter(
             "translator_text_segments",
             "Segments the text layer did not return as the model wrote them, by action "
-            "(passed_through: kept untranslated; repaired: another hypothesis or a span put back).",
+            "(passed_through: kept untranslated; repaired: another hypothesis or a span put back; "
+            "memory: a whole text from the translation memory).",
             ["action"],
             registry=r,
         )
-        for action in ("passed_through", "repaired"):
+        for action in ("passed_through", "repaired", "memory"):
             self.text_segments.labels(action=action)
         self.in_flight = Gauge(
             "translator_requests_in_flight",

@@ -131,6 +131,7 @@ def option_request(opts: pb.DecodingOptions) -> OptionRequest:
 _ACTIONS = {
     "passed_through": pb.SegmentNote.ACTION_PASSED_THROUGH,
     "repaired": pb.SegmentNote.ACTION_REPAIRED,
+    "memory": pb.SegmentNote.ACTION_MEMORY,
 }
 
 

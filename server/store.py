@@ -42,7 +42,13 @@ def is_checkpoint(path: Path) -> bool:
 
 
 # Checkpoint files a bundle is exported from: a newer one makes the bundle stale.
-EXPORTED_FROM = ("model.safetensors", "decoding.json", "keep_terms.txt", "source_words.txt")
+EXPORTED_FROM = (
+    "model.safetensors",
+    "decoding.json",
+    "keep_terms.txt",
+    "source_words.txt",
+    "memory.jsonl.gz",
+)
 
 
 def bundle_is_stale(bundle: Path, checkpoint: Path) -> bool:

@@ -128,12 +128,13 @@ def test_grpc_gives_the_engine_result_with_notes_in_both_batching_modes(
     start_server, shipped_bundle, engine, mode
 ):
     server = start_server(shipped_bundle, batching_mode=mode)
-    texts = ["Open the file. Save it.", "🎉", "Permission denied: %s", "Open\tClose"]
+    texts = ["Open the file. Save it.", "🎉", "Permission denied: %s", "Open\tClose", "Clockwise"]
     want = [h[0].text for h in engine.translate_texts(texts)]
     with TranslatorClient(server.target, timeout=60) as c:
         got = c.translate(texts)
         assert [t.text for t in got] == want
         assert [(n.action, n.reason) for n in got[1].notes] == [("passed_through", "nothing to translate")]
+        assert got[4].text == "Sentido horario" and [n.action for n in got[4].notes] == ["memory"]
         stream = list(c.translate_stream([StreamItem(str(i), [t]) for i, t in enumerate(texts)]))
         assert sorted((r.request_id, r.translations[0].text) for r in stream) == sorted(
             (str(i), w) for i, w in enumerate(want)
@@ -144,6 +145,7 @@ def test_grpc_gives_the_engine_result_with_notes_in_both_batching_modes(
             c.translate(["x"], glossary={"a": "b", "A": "c"})
         assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "repeats glossary[0]" in e.value.details
     assert server.sample("translator_text_segments_total", action="passed_through") >= 2
+    assert server.sample("translator_text_segments_total", action="memory") >= 2
 
 
 @pytest.mark.parametrize(

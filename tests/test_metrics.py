@@ -247,4 +247,4 @@ def test_text_layer_series_exist_from_the_start():
         for s in family.samples
         if s.name == "translator_text_segments_total"
     }
-    assert samples == {"passed_through": 0.0, "repaired": 0.0}
+    assert samples == {"passed_through": 0.0, "repaired": 0.0, "memory": 0.0}

@@ -27,6 +27,7 @@ from functools import lru_cache
 from runtime.decoding import DecodingOptions
 from runtime.faithful.casing import match_first_case
 from runtime.faithful.mask import SENTINEL_PATTERN, Masked, mask, repair, restore
+from runtime.faithful.memory import MemoryEntry
 from runtime.faithful.segment import COLUMNS, MAX_TEXT_CHARS, segment, split_to_fit
 from runtime.faithful.spans import Glossary, Span, find_spans
 from runtime.faithful.terms import is_known_word
@@ -86,8 +87,10 @@ class TextLayer:
         max_source_tokens: int,
         keep_terms: Collection[str] = (),
         source_words: Collection[str] = (),
+        memory: Mapping[str, MemoryEntry] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.memory = memory or {}
         self.max_source_tokens = max_source_tokens
         self.segment_tokens = min(max_source_tokens, SEGMENT_TOKENS)
         self.keep_terms = frozenset(keep_terms)
@@ -171,6 +174,26 @@ class TextLayer:
                     parts.append(region[sub.start : sub.end])
         return parts
 
+    def _from_memory(self, text: str, start: int, end: int, gloss: Glossary | None) -> _Unit | None:
+        """text[start:end] as the translation memory has it (runtime/faithful/memory.py), or None: not
+        in it, a glossary term of the request is in it (the request's terms win), or the human
+        translation does not keep the protected spans verbatim (a reformatted number, say)."""
+        piece = text[start:end]
+        entry = self.memory.get(piece)
+        if entry is None:
+            return None
+        spans = self.spans(piece, gloss)
+        if any(s.kind == "glossary" for s in spans):
+            return None
+        unit = _Unit(start, end, mask(piece, []), None, False)
+        kept, problem = restore(unit.masked, entry.target, spans)
+        if kept is None or problem is not None:
+            return None
+        unit.cands = [(entry.target, 0.0, [])]
+        shipped = f"{entry.packages} package{'s' if entry.packages > 1 else ''}"
+        unit.note = SegmentNote("memory", start, end, f"translation memory: as {shipped} translate it")
+        return unit
+
     def _first_round(self, text: str, gloss: Glossary | None) -> list[str | _Unit]:
         core = text.strip()
         if not core:
@@ -178,6 +201,8 @@ class TextLayer:
         a = len(text) - len(text.lstrip())
         b = a + len(core)
         lead, trail = [text[:a]] if a else [], [text[b:]] if b < len(text) else []
+        if (known := self._from_memory(text, a, b, gloss)) is not None:
+            return [*lead, known, *trail]
         if not COLUMNS.search(core) and self._fits(False, gloss)(core):
             several = sum(p.translate for p in segment(core, self.spans(core, gloss))) > 1
             return [*lead, self._unit(text, a, b, True, several, gloss), *trail]
@@ -189,6 +214,8 @@ class TextLayer:
         segments: list[str] = []
         waiting = []
         for u in units:
+            if u.cands:  # from the translation memory: nothing for the model
+                continue
             if not u.masked.translatable:  # only spans: as they are (a glossary term as its target)
                 kept = restore(u.masked, u.masked.text, u.visible)[0]
                 u.cands = [(kept if kept is not None else u.masked.source, 0.0, [])]

@@ -23,6 +23,7 @@ from runtime.bundle import BundleError, load_manifest
 from runtime.decoding import DecodingOptions
 from runtime.decoding import check_options as _check_options
 from runtime.decoding import max_output_length as _max_output_length
+from runtime.faithful.memory import read_memory
 from runtime.faithful.terms import read_term_list
 from runtime.tokenizer import Tokenizer
 from server.contract import BatchItem, Finished, Hypothesis, InputTooLongError, Prepared
@@ -60,6 +61,7 @@ class Engine:
         device: str = "auto",
         intra_op_threads: int = 0,
         io_binding: bool | None = None,
+        memory: bool = True,
     ) -> None:
         self.bundle_dir = Path(bundle_dir)
         self.manifest: dict[str, Any] = load_manifest(self.bundle_dir, variant)
@@ -114,7 +116,13 @@ class Engine:
             )
         self.providers: list[str] = list(self.generator.providers)
         lists = {k: read_term_list(self.bundle_dir / m[k]) if m.get(k) else [] for k in LISTS}
-        self.text_layer = TextLayer(self.tokenizer, self.max_source_tokens, **lists)
+        self.memory = {}
+        if memory and m.get("memory"):
+            try:
+                self.memory = read_memory(self.bundle_dir / m["memory"])
+            except (OSError, EOFError, ValueError) as e:
+                raise BundleError(f"cannot read the translation memory: {e}") from e
+        self.text_layer = TextLayer(self.tokenizer, self.max_source_tokens, **lists, memory=self.memory)
         self.last_stats: dict[str, Any] = {}
         self._lock = threading.Lock()  # one batch at a time: the generator reuses its cache buffers
 

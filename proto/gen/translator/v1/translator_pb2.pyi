@@ -49,9 +49,11 @@ class SegmentNote(_message.Message):
         ACTION_UNSPECIFIED: _ClassVar[SegmentNote.Action]
         ACTION_PASSED_THROUGH: _ClassVar[SegmentNote.Action]
         ACTION_REPAIRED: _ClassVar[SegmentNote.Action]
+        ACTION_MEMORY: _ClassVar[SegmentNote.Action]
     ACTION_UNSPECIFIED: SegmentNote.Action
     ACTION_PASSED_THROUGH: SegmentNote.Action
     ACTION_REPAIRED: SegmentNote.Action
+    ACTION_MEMORY: SegmentNote.Action
     ACTION_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
