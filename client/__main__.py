@@ -264,6 +264,10 @@ def format_info(info) -> str:
         ("languages", f"{info.source_language} -> {info.target_language}"),
         ("batching", mode or ("on" if info.batching else "off")),
         (
+            "memory",
+            f"{info.translation_memory_entries:,} texts" if info.translation_memory_entries else "off",
+        ),
+        (
             "limits",
             f"{lim.max_texts_per_request} texts and {lim.max_request_bytes} bytes per request, "
             f"{lim.max_text_chars or '?'} characters per text ({lim.max_source_tokens} source tokens "

@@ -131,6 +131,7 @@ class TranslationEngine(Protocol):
     max_length_cap: int  # absolute cap on generated tokens
     default_options: DecodingOptions  # the bundle's decoding defaults
     providers: list[str]  # execution providers the sessions really use
+    memory_entries: int  # texts the text layer answers from the translation memory (0: none)
 
     @property
     def supports_inflight(self) -> bool:

@@ -486,6 +486,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             variant=backend.variant,
             batching=backend.batching,
             batching_mode=backend.batching_mode,
+            translation_memory_entries=e.memory_entries,
         )
         self._record("GetModelInfo", request_id, grpc.StatusCode.OK, start, {})
         return response

@@ -73,6 +73,7 @@ class FakeEngine:
         self.max_length_cap = max_length_cap
         self.default_options = DecodingOptions(beam_size=4, num_hypotheses=1, length_penalty=0.6)
         self.providers = ["FakeExecutionProvider"]
+        self.memory_entries = 0
         self.step_s = step_s
         self.fail_on = fail_on  # decoding a text with this core raises RuntimeError (an engine failure)
         self._supports_inflight = supports_inflight

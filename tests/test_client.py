@@ -76,10 +76,11 @@ def test_cli_info(tiny_server):
     p = cli("--target", tiny_server.target, "--info")
     assert p.returncode == 0, p.stderr
     rows = dict(line.split(":", 1) for line in p.stdout.splitlines())
-    assert list(rows) == ["model", "languages", "batching", "limits", "defaults"]
+    assert list(rows) == ["model", "languages", "batching", "memory", "limits", "defaults"]
     assert rows["model"].split()[0] == "tiny-test" and "fp32 on CPUExecutionProvider" in rows["model"]
     assert rows["languages"].strip() == "en -> es"
     assert rows["batching"].strip() in ("inflight", "request", "off", "on")
+    assert rows["memory"].strip() == "off"  # the tiny bundle has no translation memory
     assert "16 texts and 4194304 bytes per request" in rows["limits"]
     assert all(k in rows["defaults"] for k in ("beam size ", "n-best ", "length penalty ", "max length "))
 

@@ -130,3 +130,11 @@ def test_the_shipped_bundle_answers_from_its_memory_unless_told_not_to(shipped_b
     assert ok.text == "_Aceptar"
     off = default_engine_factory(shipped_bundle, ServerConfig(memory=False, threads=1))
     assert off.memory == {} and off.prepare(["Clockwise"], off.default_options).segments == ["Clockwise"]
+
+
+def test_the_server_says_how_big_its_memory_is_and_marks_what_it_answered(shipped_server, client_for):
+    client = client_for(shipped_server)
+    assert client.model_info().translation_memory_entries > 100_000
+    [clockwise] = client.translate(["Clockwise"])
+    assert clockwise.text == "Sentido horario"
+    assert [(n.action, n.start, n.end) for n in clockwise.notes] == [("memory", 0, 9)]

@@ -122,6 +122,7 @@ class Engine:
                 self.memory = read_memory(self.bundle_dir / m["memory"])
             except (OSError, EOFError, ValueError) as e:
                 raise BundleError(f"cannot read the translation memory: {e}") from e
+        self.memory_entries = len(self.memory)
         self.text_layer = TextLayer(self.tokenizer, self.max_source_tokens, **lists, memory=self.memory)
         self.last_stats: dict[str, Any] = {}
         self._lock = threading.Lock()  # one batch at a time: the generator reuses its cache buffers

@@ -149,7 +149,7 @@ class Limits(_message.Message):
     def __init__(self, max_texts_per_request: _Optional[int] = ..., max_source_tokens: _Optional[int] = ..., max_beam_size: _Optional[int] = ..., max_length: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., max_text_chars: _Optional[int] = ..., max_glossary_entries: _Optional[int] = ...) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("name", "version", "source_language", "target_language", "limits", "default_options", "execution_providers", "variant", "batching", "batching_mode")
+    __slots__ = ("name", "version", "source_language", "target_language", "limits", "default_options", "execution_providers", "variant", "batching", "batching_mode", "translation_memory_entries")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SOURCE_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
@@ -160,6 +160,7 @@ class GetModelInfoResponse(_message.Message):
     VARIANT_FIELD_NUMBER: _ClassVar[int]
     BATCHING_FIELD_NUMBER: _ClassVar[int]
     BATCHING_MODE_FIELD_NUMBER: _ClassVar[int]
+    TRANSLATION_MEMORY_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     source_language: str
@@ -170,4 +171,5 @@ class GetModelInfoResponse(_message.Message):
     variant: str
     batching: bool
     batching_mode: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., default_options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., execution_providers: _Optional[_Iterable[str]] = ..., variant: _Optional[str] = ..., batching: _Optional[bool] = ..., batching_mode: _Optional[str] = ...) -> None: ...
+    translation_memory_entries: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., default_options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., execution_providers: _Optional[_Iterable[str]] = ..., variant: _Optional[str] = ..., batching: _Optional[bool] = ..., batching_mode: _Optional[str] = ..., translation_memory_entries: _Optional[int] = ...) -> None: ...
