@@ -36,28 +36,31 @@ def settled(metrics: Metrics, n: int, timeout: float = 10) -> dict[str, float]:
     return outcomes(metrics)
 
 
-def run_held(mode: str, options: DecodingOptions, act) -> dict[str, float]:
-    """Two texts of one request decoding on a GatedEngine; once the worker waits at the closed gate,
-    `act(scheduler, job)` runs, then the gate opens. Returns the outcomes of the two segments."""
+def run_held(
+    mode: str, options: DecodingOptions, act, texts: tuple[str, ...] = ("one two three", "four five"), **kw
+) -> tuple[dict[str, float], str]:
+    """The texts of one request decoding on a GatedEngine (scheduler settings `kw`); once the worker
+    waits at the closed gate, `act(scheduler, job)` runs, then the gate opens. Returns the outcomes of
+    the segments and the reason the request's future was cancelled with."""
     engine = GatedEngine(step_s=0)
     metrics = Metrics(process_metrics=False)
-    scheduler = Scheduler(engine, metrics, mode=mode, max_wait_ms=0)
-    texts = ["one two three", "four five"]
-    j = Job(texts, engine.count_tokens(texts), options, deadline=time.monotonic() + 60)
+    scheduler = Scheduler(engine, metrics, mode=mode, max_wait_ms=0, **kw)
+    j = Job(list(texts), engine.count_tokens(list(texts)), options, deadline=time.monotonic() + 60)
     engine.gate.clear()
     try:
 
-        async def main() -> None:
+        async def main() -> str:
             fut = scheduler.submit(j)
             while not engine.waiting.is_set():
                 await asyncio.sleep(0.002)
             act(scheduler, j)
             engine.gate.set()
-            with pytest.raises(RequestCancelled):
+            with pytest.raises(RequestCancelled) as e:
                 await fut
+            return e.value.reason
 
-        asyncio.run(main())
-        return settled(metrics, 2)
+        reason = asyncio.run(main())
+        return settled(metrics, len(texts)), reason
     finally:
         engine.gate.set()
         scheduler.stop(10)
@@ -69,14 +72,15 @@ def test_running_rows_are_counted_by_the_reason_their_request_ended(mode, reason
     """The event loop's deadline timer cancels a request while the worker's clock for the step still
     reads before the deadline (here: 60 s before it): its running rows are dropped for the deadline
     all the same."""
-    assert run_held(mode, LONG, lambda s, j: s.cancel(j, reason)) == {"dropped_" + reason: 2}
+    assert run_held(mode, LONG, lambda s, j: s.cancel(j, reason)) == ({"dropped_" + reason: 2}, reason)
 
 
 @pytest.mark.parametrize("reason", ["deadline", "cancelled"])
 def test_rows_cancelled_during_their_last_step_are_dropped_for_that_reason(reason):
     """In-flight: the request ends while its one and only step runs; the step's results are thrown away
     and the rows counted as dropped for the request's reason, not translated."""
-    assert run_held("inflight", ONE_STEP, lambda s, j: s.cancel(j, reason)) == {"dropped_" + reason: 2}
+    got = run_held("inflight", ONE_STEP, lambda s, j: s.cancel(j, reason))
+    assert got == ({"dropped_" + reason: 2}, reason)
 
 
 def test_a_second_cancellation_keeps_the_first_reason():
@@ -84,37 +88,22 @@ def test_a_second_cancellation_keeps_the_first_reason():
         scheduler.cancel(j, "deadline")
         scheduler.cancel(j, "cancelled")
 
-    assert run_held("inflight", LONG, twice) == {"dropped_deadline": 2}
+    assert run_held("inflight", LONG, twice) == ({"dropped_deadline": 2}, "deadline")
 
 
 def test_queued_segments_of_a_cancelled_request_are_dropped_for_its_reason():
     """Request mode, one segment per batch: the second segment is still queued when the deadline
     cancels the request; both are counted as deadline drops."""
-    engine = GatedEngine(step_s=0)
-    metrics = Metrics(process_metrics=False)
-    scheduler = Scheduler(engine, metrics, mode="request", max_wait_ms=0, max_batch_segments=1)
-    texts = ["one two", "three four"]
-    j = Job(texts, engine.count_tokens(texts), LONG, deadline=time.monotonic() + 60)
-    engine.gate.clear()
-    try:
 
-        async def main() -> None:
-            fut = scheduler.submit(j)
-            while not engine.waiting.is_set():
-                await asyncio.sleep(0.002)
-            assert scheduler.queue_depth == 1
-            scheduler.cancel(j, "deadline")
-            assert scheduler.queue_depth == 0
-            engine.gate.set()
-            with pytest.raises(RequestCancelled) as e:
-                await fut
-            assert e.value.reason == "deadline"
+    def cancel_while_one_is_queued(scheduler: Scheduler, j: Job) -> None:
+        assert scheduler.queue_depth == 1
+        scheduler.cancel(j, "deadline")
+        assert scheduler.queue_depth == 0
 
-        asyncio.run(main())
-        assert settled(metrics, 2) == {"dropped_deadline": 2}
-    finally:
-        engine.gate.set()
-        scheduler.stop(10)
+    got = run_held(
+        "request", LONG, cancel_while_one_is_queued, ("one two", "three four"), max_batch_segments=1
+    )
+    assert got == ({"dropped_deadline": 2}, "deadline")
 
 
 @pytest.mark.parametrize(("left_s", "reason"), [(-0.05, "deadline"), (0.05, "deadline"), (5.0, "cancelled")])

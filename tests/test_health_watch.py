@@ -4,6 +4,7 @@ whole grace period (server/health.py), and it sees NOT_SERVING before its stream
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 
@@ -92,60 +93,58 @@ def test_watch_started_while_draining_gets_the_status_and_ends(start_fake_server
         stopping.result(10)
 
 
+@contextlib.asynccontextmanager
+async def health_only_server():
+    """(DrainingHealthServicer, channel to it): a gRPC server with only the health service."""
+    from server.health import DrainingHealthServicer
+
+    servicer = DrainingHealthServicer()
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield servicer, channel
+    finally:
+        await server.stop(0)
+
+
 def test_the_servicer_keeps_the_library_semantics_until_drained(server_loop):
     """DrainingHealthServicer alone: Check and Watch as grpcio-health-checking's servicer (service ""
     SERVING before anything is set, a status sent once per change), and drain() ends a Watch with the
     last status already sent, without repeating it."""
-    from server.health import DrainingHealthServicer
 
     async def main() -> tuple[list[int], grpc.StatusCode, int]:
-        servicer = DrainingHealthServicer()
-        server = grpc.aio.server()
-        health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                stub = health_pb2_grpc.HealthStub(channel)
-                request = health_pb2.HealthCheckRequest(service="")
-                watch = stub.Watch(request)
-                seen = [(await watch.read()).status]
-                await servicer.set("", SERVING)  # no change: nothing sent
-                await servicer.set("", NOT_SERVING)
-                seen.append((await watch.read()).status)
-                servicer.drain()
-                assert await watch.read() is grpc.aio.EOF
-                code = await watch.code()
-                late = [r.status async for r in stub.Watch(request)]  # after drain: the status, then the end
-                with pytest.raises(grpc.aio.AioRpcError) as e:
-                    await stub.Check(health_pb2.HealthCheckRequest(service="nope"))
-                assert e.value.code() == grpc.StatusCode.NOT_FOUND
-                return seen + late, code, (await stub.Check(request)).status
-        finally:
-            await server.stop(0)
+        async with health_only_server() as (servicer, channel):
+            stub = health_pb2_grpc.HealthStub(channel)
+            request = health_pb2.HealthCheckRequest(service="")
+            watch = stub.Watch(request)
+            seen = [(await watch.read()).status]
+            await servicer.set("", SERVING)  # no change: nothing sent
+            await servicer.set("", NOT_SERVING)
+            seen.append((await watch.read()).status)
+            servicer.drain()
+            assert await watch.read() is grpc.aio.EOF
+            code = await watch.code()
+            late = [r.status async for r in stub.Watch(request)]  # after drain: the status, then the end
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await stub.Check(health_pb2.HealthCheckRequest(service="nope"))
+            assert e.value.code() == grpc.StatusCode.NOT_FOUND
+            return seen + late, code, (await stub.Check(request)).status
 
     seen, code, checked = server_loop.run(main(), 30)
     assert (seen, code, checked) == ([SERVING, NOT_SERVING, NOT_SERVING], grpc.StatusCode.OK, NOT_SERVING)
 
 
 def test_drain_before_any_status_was_set_ends_the_watch_with_the_default(server_loop):
-    from server.health import DrainingHealthServicer
-
     async def main() -> list[int]:
-        servicer = DrainingHealthServicer()
-        server = grpc.aio.server()
-        health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
-                seen = [(await watch.read()).status]
-                servicer.drain()
-                while (response := await watch.read()) is not grpc.aio.EOF:
-                    seen.append(response.status)
-                return seen
-        finally:
-            await server.stop(0)
+        async with health_only_server() as (servicer, channel):
+            watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
+            seen = [(await watch.read()).status]
+            servicer.drain()
+            while (response := await watch.read()) is not grpc.aio.EOF:
+                seen.append(response.status)
+            return seen
 
     assert server_loop.run(main(), 30) == [SERVING]

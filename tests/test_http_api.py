@@ -9,7 +9,6 @@ import json
 import time
 import urllib.error
 import urllib.request
-import uuid
 
 import grpc
 import polib
@@ -18,6 +17,7 @@ import pytest
 from client.load import free_port
 from proto.gen.translator.v1 import translator_pb2 as pb
 from proto.gen.translator.v1 import translator_pb2_grpc as pb_grpc
+from tests.http_helpers import call, upload, url
 
 libretranslatepy = pytest.importorskip("libretranslatepy")
 LibreTranslateAPI = libretranslatepy.LibreTranslateAPI
@@ -63,51 +63,6 @@ def tiny_http_server(start_server, tiny_bundle):
         max_queue_segments=32,
         max_texts=32,
     )
-
-
-def url(server, path: str = "") -> str:
-    return f"http://127.0.0.1:{server.server.http_port}/{path.lstrip('/')}"
-
-
-def call(server, path: str, body=None, *, form: bool = False, headers=None, method=None):
-    """(status, headers, parsed JSON or text) of one HTTP request."""
-    data = None
-    headers = dict(headers or {})
-    if body is not None:
-        if form:
-            data = urllib.parse.urlencode(body, doseq=True).encode()
-        else:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-    req = urllib.request.Request(url(server, path), data=data, headers=headers, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            status, h, raw = r.status, r.headers, r.read()
-    except urllib.error.HTTPError as e:
-        status, h, raw = e.code, e.headers, e.read()
-    try:
-        return status, h, json.loads(raw)
-    except ValueError:
-        return status, h, raw.decode()
-
-
-def upload(server, name: str, content: str, **fields) -> tuple[int, dict]:
-    """POST /translate_file as multipart/form-data (what LibreTranslate's clients send)."""
-    boundary = uuid.uuid4().hex
-    parts = []
-    for key, value in {"source": "en", "target": "es", **fields}.items():
-        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{key}"\r\n\r\n{value}\r\n')
-    parts.append(
-        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n'
-        f"Content-Type: application/octet-stream\r\n\r\n{content}\r\n--{boundary}--\r\n"
-    )
-    headers = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
-    req = urllib.request.Request(url(server, "translate_file"), data="".join(parts).encode(), headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 # ---- the third-party client -------------------------------------------------------------------------
@@ -231,7 +186,7 @@ def test_shared_validation_messages(http_server):
 
 
 def test_translate_file_po(http_server):
-    status, body = upload(http_server, "app.pot", POT)
+    status, _, body = upload(http_server, "app.pot", POT)
     assert status == 200, body
     assert body["translatedFileUrl"].endswith("/app.po") and body["filled"] == 3
     with urllib.request.urlopen(body["translatedFileUrl"], timeout=10) as r:
@@ -247,13 +202,13 @@ def test_translate_file_po(http_server):
 
 
 def test_translate_file_text_and_bad_files(http_server):
-    status, body = upload(http_server, "notes.txt", "Open the file\n\nSave\n")
+    status, _, body = upload(http_server, "notes.txt", "Open the file\n\nSave\n")
     assert status == 200 and body["translatedFileUrl"].endswith("/notes.es.txt")
     with urllib.request.urlopen(body["translatedFileUrl"], timeout=10) as r:
         assert r.read().decode() == "Abrir el archivo\n\nGuardar\n"
-    status, body = upload(http_server, "doc.pdf", "x")
+    status, _, body = upload(http_server, "doc.pdf", "x")
     assert status == 400 and "unsupported file format" in body["error"]
-    status, body = upload(http_server, "bad.po", 'msgid "a"\nmsgstr "b"\nfoo bar\n')
+    status, _, body = upload(http_server, "bad.po", 'msgid "a"\nmsgstr "b"\nfoo bar\n')
     assert status == 400 and "not a readable gettext catalog" in body["error"]
 
 

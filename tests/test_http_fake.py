@@ -11,7 +11,6 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import uuid
 
 import pytest
 
@@ -19,55 +18,9 @@ from client.load import free_port
 from runtime.faithful.segment import MAX_TEXT_CHARS
 from tests.conftest import RunningServer, base_config
 from tests.fake_engine import FakeEngine, GatedEngine
+from tests.http_helpers import call, upload
 
 TOKEN = "tok-123"
-
-
-def call(server: RunningServer, path: str, body=None, *, form=False, headers=None, method=None):
-    """(status, headers, parsed JSON or text) of one HTTP request to the server's HTTP port."""
-    data, headers = None, dict(headers or {})
-    if body is not None:
-        if isinstance(body, bytes):
-            data = body
-        elif form:
-            data = urllib.parse.urlencode(body, doseq=True).encode()
-        else:
-            data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
-    address = f"http://127.0.0.1:{server.server.http_port}/{path}"
-    req = urllib.request.Request(address, data=data, headers=headers, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            status, h, raw = r.status, r.headers, r.read()
-    except urllib.error.HTTPError as e:
-        status, h, raw = e.code, e.headers, e.read()
-    try:
-        return status, h, json.loads(raw)
-    except ValueError:
-        return status, h, raw.decode()
-
-
-def upload(server: RunningServer, name: str, content: str | bytes, **fields):
-    """POST /translate_file as multipart/form-data, `content` as the file (str: UTF-8)."""
-    boundary = uuid.uuid4().hex
-    parts = [
-        f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'
-        for k, v in {"source": "en", "target": "es", **fields}.items()
-    ]
-    parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n\r\n')
-    data = content.encode() if isinstance(content, str) else content
-    body = "".join(parts).encode() + data + f"\r\n--{boundary}--\r\n".encode()
-    return call(
-        server, "translate_file", body, headers={"Content-Type": f"multipart/form-data; boundary={boundary}"}
-    )
-
-
-def value(server: RunningServer, metric: str, **labels: str) -> float:
-    return sum(
-        s.value
-        for family in server.server.metrics.registry.collect()
-        for s in family.samples
-        if s.name == metric and all(s.labels.get(k) == v for k, v in labels.items())
-    )
 
 
 def http_lines(caplog) -> list[dict]:
@@ -100,7 +53,7 @@ def test_translate_answers_as_libretranslate_does(http):
     assert call(server, "translate?source=en&target=es", {"q": "x y"}, form=True)[2] == {
         "translatedText": "y x"
     }
-    assert value(server, "translator_requests_total", rpc="Translate", code="OK", transport="http") == 5
+    assert server.total("translator_requests_total", rpc="Translate", code="OK", transport="http") == 5
 
 
 def test_alternatives_use_a_beam_of_at_least_the_default(http):
@@ -157,9 +110,9 @@ def test_bad_requests_are_400_with_the_message(http, caplog):
             400,
             message,
         )
-        assert value(server, "translator_requests_total", code="INVALID_ARGUMENT", transport="http") == n
-        assert value(server, "translator_request_duration_seconds_count", transport="http") == n
-    assert value(server, "translator_requests_in_flight") == 0
+        assert server.total("translator_requests_total", code="INVALID_ARGUMENT", transport="http") == n
+        assert server.total("translator_request_duration_seconds_count", transport="http") == n
+    assert server.total("translator_requests_in_flight") == 0
 
 
 def test_the_request_log_line(http, caplog):
@@ -201,7 +154,7 @@ def test_api_key_in_body_query_or_bearer_header(http):
         ({"Authorization": f"Bearer {TOKEN}"}, {**q, "api_key": "wrong"}),  # the api_key given counts
     ):
         assert call(server, "translate", body, headers=headers)[:3:2] == (403, {"error": "Invalid API key"})
-    assert value(server, "translator_requests_total", code="UNAUTHENTICATED", transport="http") == 4
+    assert server.total("translator_requests_total", code="UNAUTHENTICATED", transport="http") == 4
     assert (
         call(server, "languages")[0]
         == call(server, "health")[0]
@@ -259,7 +212,7 @@ def test_while_the_model_loads_everything_answers_503(server_loop, fake_bundle):
         assert (status, body) == (503, {"error": "the model is loading; retry shortly"})
         assert call(server, "languages")[2][0]["code"] == "en"  # LibreTranslate's clients ask at start
         assert call(server, "frontend/settings")[2]["maxAlternatives"] == 0
-        assert value(server, "translator_requests_total", code="UNAVAILABLE", transport="http") == 1
+        assert server.total("translator_requests_total", code="UNAVAILABLE", transport="http") == 1
         gate.set()
         server.wait_ready(30)
         assert call(server, "health")[:3:2] == (200, {"status": "SERVING"})
@@ -273,7 +226,7 @@ def test_engine_failure_is_500_and_queue_full_is_429_with_retry_after(http):
     server = http(engine, batching_mode="request", max_wait_ms=0, max_queue_segments=40, max_texts=40)
     status, _, body = call(server, "translate", {"q": "boom", "source": "en", "target": "es"})
     assert (status, body) == (500, {"error": "translation failed: fake engine failure on 'boom'"})
-    assert value(server, "translator_requests_total", code="INTERNAL", transport="http") == 1
+    assert server.total("translator_requests_total", code="INTERNAL", transport="http") == 1
     engine.gate.clear()
     results: list = []
     q = {"source": "en", "target": "es", "timeout_ms": 20_000}
@@ -285,7 +238,7 @@ def test_engine_failure_is_500_and_queue_full_is_429_with_retry_after(http):
     )
     queued.start()
     end = time.monotonic() + 10
-    while value(server, "translator_queue_segments") < 30 and time.monotonic() < end:
+    while server.total("translator_queue_segments") < 30 and time.monotonic() < end:
         time.sleep(0.01)
     status, headers, body = call(server, "translate", {"q": ["x"] * 11, **q})
     # Nothing measured yet: 50 ms per queued segment, 1.5 s, rounded up to whole seconds.
@@ -295,7 +248,7 @@ def test_engine_failure_is_500_and_queue_full_is_429_with_retry_after(http):
     held.join(30)
     queued.join(30)
     assert sorted(r[0] for r in results) == [200, 200]
-    assert value(server, "translator_requests_total", code="RESOURCE_EXHAUSTED", transport="http") == 1
+    assert server.total("translator_requests_total", code="RESOURCE_EXHAUSTED", transport="http") == 1
 
 
 def test_timeout_ms_is_a_deadline(http):
@@ -311,7 +264,7 @@ def test_timeout_ms_is_a_deadline(http):
     timer.cancel()
     engine.gate.set()
     assert (status, body) == (504, {"error": "deadline exceeded"}) and time.monotonic() - t0 < 0.9
-    assert value(server, "translator_requests_total", code="DEADLINE_EXCEEDED", transport="http") == 1
+    assert server.total("translator_requests_total", code="DEADLINE_EXCEEDED", transport="http") == 1
 
 
 def test_routes_methods_and_body_size_errors_keep_the_json_shape(http):
@@ -336,7 +289,7 @@ def test_translated_files_are_kept_for_download(http, monkeypatch):
     assert (status, text) == (200, "file the Open\r\n\n  it Save  \n")
     assert headers["Content-Type"] == "text/plain; charset=utf-8"
     assert headers["Content-Disposition"] == 'attachment; filename="notes.es.txt"'
-    assert value(server, "translator_requests_total", rpc="TranslateFile", code="OK", transport="http") == 1
+    assert server.total("translator_requests_total", rpc="TranslateFile", code="OK", transport="http") == 1
     assert call(server, "download_file/nope/notes.es.txt")[:3:2] == (
         404,
         {"error": "Invalid request: no such file (files are kept 15 minutes)"},
@@ -370,7 +323,7 @@ def test_a_file_upload_needs_a_file_and_a_known_format(http):
     assert (status, body) == (400, {"error": "unsupported file format '.md': send one of .po, .pot, .txt"})
     status, _, body = upload(server, "notes.txt", "x", target="fr")
     assert (status, body["error"]) == (400, "fr is not supported as target: the model translates en -> es")
-    assert value(server, "translator_requests_total", rpc="TranslateFile", code="INVALID_ARGUMENT") == 3
+    assert server.total("translator_requests_total", rpc="TranslateFile", code="INVALID_ARGUMENT") == 3
 
 
 def test_an_unexpected_error_is_500_and_logged_with_its_traceback(http, caplog):
@@ -390,8 +343,8 @@ def test_an_unexpected_error_is_500_and_logged_with_its_traceback(http, caplog):
         500,
         "internal error: prepare exploded",
     )
-    assert value(server, "translator_requests_total", code="INTERNAL", transport="http") == 1
-    assert value(server, "translator_requests_in_flight") == 0
+    assert server.total("translator_requests_total", code="INTERNAL", transport="http") == 1
+    assert server.total("translator_requests_in_flight") == 0
 
 
 def test_https_asks_for_a_client_certificate_when_a_client_ca_is_set(http, tmp_path):

@@ -44,16 +44,6 @@ def wait_for(predicate: Callable[[], object], timeout: float = 10, interval: flo
     return bool(predicate())
 
 
-def value(server: RunningServer, metric: str, **labels: str) -> float:
-    """A sample of the server's own registry, summed over the labels not given (0.0 when absent)."""
-    return sum(
-        s.value
-        for family in server.server.metrics.registry.collect()
-        for s in family.samples
-        if s.name == metric and all(s.labels.get(k) == v for k, v in labels.items())
-    )
-
-
 def request_lines(caplog, rpc: str | None = None) -> list[dict]:
     """The `"msg": "request"` log lines' fields (of `rpc`, when given), in order."""
     return [
@@ -123,7 +113,7 @@ def test_model_info_reports_the_engine_limits_and_the_settings(start_fake_server
     assert (d.repetition_penalty, d.no_repeat_ngram_size) == (pytest.approx(1.2), 3)
     assert list(info.execution_providers) == ["FakeExecutionProvider"]
     assert (info.variant, info.batching, info.batching_mode) == ("int8", True, "inflight")
-    assert value(server, "translator_requests_total", rpc="GetModelInfo", code="OK") == 1
+    assert server.total("translator_requests_total", rpc="GetModelInfo", code="OK") == 1
 
 
 @pytest.mark.parametrize(
@@ -167,8 +157,8 @@ def test_invalid_options_are_refused_before_queueing(start_fake_server, client_f
     with pytest.raises(TranslatorError) as e:
         client_for(server, retries=0).translate(["Open the file"], **options)
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and expected in e.value.details
-    assert value(server, "translator_requests_total", rpc="Translate", code="INVALID_ARGUMENT") == 1
-    assert value(server, "translator_segments_total", outcome="translated") == 0
+    assert server.total("translator_requests_total", rpc="Translate", code="INVALID_ARGUMENT") == 1
+    assert server.total("translator_segments_total", outcome="translated") == 0
     assert server.engine.batches == [] and not any(rb.step_rows for rb in server.engine.running)
 
 
@@ -227,12 +217,12 @@ def test_text_layer_rounds_notes_and_counts(start_fake_server, client_for, caplo
     assert [t.text for t in out] == ["Keep this!", "file the Open"]
     assert [(n.action, n.start, n.end, n.reason) for n in out[0].notes] == [("passed_through", 1, 2, "kept")]
     assert out[1].notes == []
-    assert value(server, "translator_text_segments_total", action="passed_through") == 1
-    assert value(server, "translator_text_segments_total", action="repaired") == 0
+    assert server.total("translator_text_segments_total", action="passed_through") == 1
+    assert server.total("translator_text_segments_total", action="repaired") == 0
     (line,) = request_lines(caplog, "Translate")
     # Two rounds of two segments (2 + 3 source tokens, 2 + 3 generated): the log adds both up.
     assert (line["texts"], line["segments"], line["input_tokens"], line["output_tokens"]) == (2, 4, 10, 10)
-    assert value(server, "translator_segments_total", outcome="translated") == 4
+    assert server.total("translator_segments_total", outcome="translated") == 4
 
 
 def test_repaired_notes_reach_the_proto_and_the_metric(start_fake_server, client_for):
@@ -244,7 +234,7 @@ def test_repaired_notes_reach_the_proto_and_the_metric(start_fake_server, client
     server = start_fake_server(Repairing(step_s=0))
     (t,) = client_for(server).translate(["a b"])
     assert [(n.action, n.start, n.end, n.reason) for n in t.notes] == [("repaired", 2, 5, "span put back")]
-    assert value(server, "translator_text_segments_total", action="repaired") == 1
+    assert server.total("translator_text_segments_total", action="repaired") == 1
 
 
 def test_model_loading_answers_unavailable_everywhere(server_loop, fake_bundle, client_for, caplog):
@@ -261,7 +251,7 @@ def test_model_loading_answers_unavailable_everywhere(server_loop, fake_bundle, 
     try:
         c = client_for(server, retries=0, timeout=5)
         assert c.health() == "NOT_SERVING" and c.health(SERVICE_NAME) == "NOT_SERVING"
-        assert value(server, "translator_ready") == 0
+        assert server.total("translator_ready") == 0
         for call in (lambda: c.translate(["a"]), c.model_info):
             with pytest.raises(TranslatorError) as e:
                 call()
@@ -269,15 +259,15 @@ def test_model_loading_answers_unavailable_everywhere(server_loop, fake_bundle, 
             assert e.value.details == "the model is loading; retry shortly"
         (item,) = c.translate_stream([StreamItem("x", ["a"])])
         assert item.code == grpc.StatusCode.UNAVAILABLE
-        assert value(server, "translator_requests_total", rpc="GetModelInfo", code="UNAVAILABLE") == 1
+        assert server.total("translator_requests_total", rpc="GetModelInfo", code="UNAVAILABLE") == 1
         (info,) = [line for line in request_lines(caplog) if line["rpc"] == "GetModelInfo"]
         assert (info["status"], info["error"]) == ("UNAVAILABLE", "the model is loading; retry shortly")
     finally:
         gate.set()
     try:
         server.wait_ready(30)
-        assert c.health() == "SERVING" and value(server, "translator_ready") == 1
-        assert value(server, "translator_queue_capacity_segments") == 1024
+        assert c.health() == "SERVING" and server.total("translator_ready") == 1
+        assert server.total("translator_queue_capacity_segments") == 1024
     finally:
         server.stop(1)
 
@@ -301,7 +291,7 @@ def test_request_metrics_count_exactly(start_fake_server, client_for):
     c.model_info()
 
     def v(metric: str, **labels: str) -> float:
-        return value(server, metric, **labels)
+        return server.total(metric, **labels)
 
     assert v("translator_requests_total", rpc="Translate", code="OK", transport="grpc") == 4
     assert v("translator_requests_total", rpc="Translate", code="INVALID_ARGUMENT", transport="grpc") == 1
@@ -357,8 +347,8 @@ def test_an_engine_without_batch_stats_serves_in_request_mode(start_fake_server,
 
     server = start_fake_server(NoStats(step_s=0), batching_mode="request", max_wait_ms=0)
     assert client_for(server, retries=0).translate(["a b"], max_length=3)[0].text == "b a"
-    assert value(server, "translator_batch_segments_count") == 1
-    assert value(server, "translator_decode_steps_total") == value(server, "translator_batch_rows_count") == 0
+    assert server.total("translator_batch_segments_count") == 1
+    assert server.total("translator_decode_steps_total") == server.total("translator_batch_rows_count") == 0
 
 
 def test_inflight_metrics_count_steps_rows_and_first_steps(start_fake_server, client_for):
@@ -367,17 +357,17 @@ def test_inflight_metrics_count_steps_rows_and_first_steps(start_fake_server, cl
     t0 = time.monotonic()
     c.translate(["Open the file"], beam_size=2, max_length=4)  # 4 steps of 2 rows
     c.translate(["Print"], beam_size=1, max_length=3)  # 3 steps of 1 row
-    assert 0 < value(server, "translator_time_to_first_step_seconds_sum") < time.monotonic() - t0
-    assert value(server, "translator_decode_steps_total") == 7
+    assert 0 < server.total("translator_time_to_first_step_seconds_sum") < time.monotonic() - t0
+    assert server.total("translator_decode_steps_total") == 7
     assert (
-        value(server, "translator_batch_rows_count") == 7 and value(server, "translator_batch_rows_sum") == 11
+        server.total("translator_batch_rows_count") == 7 and server.total("translator_batch_rows_sum") == 11
     )
-    assert value(server, "translator_time_to_first_step_seconds_count") == 2
-    assert value(server, "translator_decode_step_seconds_count") == 7
-    assert 0 < value(server, "translator_decode_step_seconds_sum") < time.monotonic() - t0
-    assert value(server, "translator_batch_segments_count") == 2  # one admission each
-    assert value(server, "translator_generated_tokens_total") == 3 + 1
-    assert value(server, "translator_input_tokens_total") == 3 + 1
+    assert server.total("translator_time_to_first_step_seconds_count") == 2
+    assert server.total("translator_decode_step_seconds_count") == 7
+    assert 0 < server.total("translator_decode_step_seconds_sum") < time.monotonic() - t0
+    assert server.total("translator_batch_segments_count") == 2  # one admission each
+    assert server.total("translator_generated_tokens_total") == 3 + 1
+    assert server.total("translator_input_tokens_total") == 3 + 1
 
 
 def test_queue_gauges_follow_waiting_segments(start_fake_server, channel_to, caplog):
@@ -390,9 +380,9 @@ def test_queue_gauges_follow_waiting_segments(start_fake_server, channel_to, cap
     assert wait_for(engine.waiting.is_set)
     queued = stub.Translate.future(pb.TranslateRequest(texts=["d e", "f g h i"], options=opts), timeout=30)
     also = stub.Translate.future(pb.TranslateRequest(texts=["j k l m"], options=opts), timeout=30)
-    assert wait_for(lambda: value(server, "translator_queue_segments") == 3)
-    assert value(server, "translator_queue_tokens") == 2 + 4 + 4
-    assert value(server, "translator_requests_in_flight") == 3
+    assert wait_for(lambda: server.total("translator_queue_segments") == 3)
+    assert server.total("translator_queue_tokens") == 2 + 4 + 4
+    assert server.total("translator_requests_in_flight") == 3
     time.sleep(0.2)
     with caplog.at_level(logging.INFO, logger="server.requests"):
         engine.gate.set()
@@ -402,8 +392,8 @@ def test_queue_gauges_follow_waiting_segments(start_fake_server, channel_to, cap
     waited = {line["input_tokens"]: line["queue_ms"] for line in request_lines(caplog)}
     assert waited[6] >= 150 and waited[4] >= 150  # the two queued requests waited the 0.2 s
     assert running.result(30).translations[0].hypotheses[0].text == "c b"
-    assert wait_for(lambda: value(server, "translator_requests_in_flight") == 0)
-    assert (value(server, "translator_queue_segments"), value(server, "translator_queue_tokens")) == (0, 0)
+    assert wait_for(lambda: server.total("translator_requests_in_flight") == 0)
+    assert (server.total("translator_queue_segments"), server.total("translator_queue_tokens")) == (0, 0)
 
 
 # ---- errors ------------------------------------------------------------------------------------------
@@ -419,9 +409,9 @@ def test_engine_failure_is_internal_and_counted(start_fake_server, client_for, c
     assert e.value.details == "translation failed: fake engine failure on 'boom'"
     (line,) = request_lines(caplog, "Translate")
     assert line["status"] == "INTERNAL" and line["error"] == e.value.details
-    assert value(server, "translator_engine_errors_total") == 1
-    assert value(server, "translator_requests_total", rpc="Translate", code="INTERNAL") == 1
-    assert value(server, "translator_segments_total", outcome="failed") == 1
+    assert server.total("translator_engine_errors_total") == 1
+    assert server.total("translator_requests_total", rpc="Translate", code="INTERNAL") == 1
+    assert server.total("translator_segments_total", outcome="failed") == 1
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="server.scheduler"):
         (item,) = c.translate_stream([StreamItem("item-9", ["boom"])])
@@ -436,8 +426,8 @@ def test_engine_failure_is_internal_and_counted(start_fake_server, client_for, c
     else:
         assert failed.getMessage() == "engine failed on request item-9 alone"
     assert "fake engine failure on 'boom'" in failed.exc_text or failed.exc_info
-    assert value(server, "translator_engine_errors_total") == 2
-    assert value(server, "translator_stream_items_total", code="INTERNAL") == 1
+    assert server.total("translator_engine_errors_total") == 2
+    assert server.total("translator_stream_items_total", code="INTERNAL") == 1
     assert c.translate(["still serving"], max_length=3)[0].text == "serving still"
 
 
@@ -454,9 +444,9 @@ def test_an_unexpected_error_in_a_handler_is_internal(start_fake_server, client_
         (item,) = c.translate_stream([StreamItem("s", ["a"])])
     assert e.value.code == grpc.StatusCode.INTERNAL and e.value.details == "internal error: prepare exploded"
     assert item.code == grpc.StatusCode.INTERNAL and item.message == "internal error: prepare exploded"
-    assert value(server, "translator_requests_total", rpc="Translate", code="INTERNAL") == 1
-    assert value(server, "translator_stream_items_total", code="INTERNAL") == 1
-    assert value(server, "translator_requests_in_flight") == 0
+    assert server.total("translator_requests_total", rpc="Translate", code="INTERNAL") == 1
+    assert server.total("translator_stream_items_total", code="INTERNAL") == 1
+    assert server.total("translator_requests_in_flight") == 0
     assert [line["status"] for line in request_lines(caplog)] == ["INTERNAL", "INTERNAL"]
 
 
@@ -481,7 +471,7 @@ def test_queue_full_is_resource_exhausted_with_a_retry_hint(start_fake_server, c
     running = stub.Translate.future(pb.TranslateRequest(texts=["a"], options=opts), timeout=30)
     assert wait_for(engine.waiting.is_set)
     queued = stub.Translate.future(pb.TranslateRequest(texts=["b", "c", "d"], options=opts), timeout=30)
-    assert wait_for(lambda: value(server, "translator_queue_segments") == 3)
+    assert wait_for(lambda: server.total("translator_queue_segments") == 3)
     with pytest.raises(grpc.RpcError) as e:
         stub.Translate(pb.TranslateRequest(texts=["e", "f"], options=opts), timeout=10)
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -492,12 +482,12 @@ def test_queue_full_is_resource_exhausted_with_a_retry_hint(start_fake_server, c
     (item,) = c.translate_stream([StreamItem("full", ["e", "f"])])
     assert item.code == grpc.StatusCode.RESOURCE_EXHAUSTED and item.retry_after_ms == hint
     last = stub.Translate.future(pb.TranslateRequest(texts=["g"], options=opts), timeout=30)  # just fits
-    assert wait_for(lambda: value(server, "translator_queue_segments") == 4)
+    assert wait_for(lambda: server.total("translator_queue_segments") == 4)
     engine.gate.set()
     for call in (running, queued, last):
         assert call.result(30).translations
-    assert value(server, "translator_requests_total", rpc="Translate", code="RESOURCE_EXHAUSTED") == 1
-    assert value(server, "translator_stream_items_total", code="RESOURCE_EXHAUSTED") == 1
+    assert server.total("translator_requests_total", rpc="Translate", code="RESOURCE_EXHAUSTED") == 1
+    assert server.total("translator_stream_items_total", code="RESOURCE_EXHAUSTED") == 1
 
 
 # ---- request ids and log lines ---------------------------------------------------------------------
@@ -574,9 +564,9 @@ def test_stream_answers_as_items_finish_and_logs_the_call(start_fake_server, cha
         4,
     )
     assert stream["ms"] >= 150 * 5 and "error" not in stream
-    assert value(server, "translator_requests_total", rpc="TranslateStream", code="OK") == 1
-    assert value(server, "translator_stream_items_total", code="OK") == 3
-    assert value(server, "translator_stream_items_total", code="INVALID_ARGUMENT") == 1
+    assert server.total("translator_requests_total", rpc="TranslateStream", code="OK") == 1
+    assert server.total("translator_stream_items_total", code="OK") == 3
+    assert server.total("translator_stream_items_total", code="INVALID_ARGUMENT") == 1
 
 
 def test_stream_item_timeout_ms_is_its_own_deadline(start_fake_server, client_for):
@@ -595,9 +585,9 @@ def test_stream_item_timeout_ms_is_its_own_deadline(start_fake_server, client_fo
     assert results["bad"].code == grpc.StatusCode.INVALID_ARGUMENT
     assert results["bad"].message == "timeout_ms must be >= 0, got -1"
     assert elapsed < 1.9, "the item ran to its end: timeout_ms was ignored"
-    assert wait_for(lambda: value(server, "translator_segments_total", outcome="dropped_deadline") == 1)
-    assert value(server, "translator_stream_items_total", code="DEADLINE_EXCEEDED") == 1
-    assert value(server, "translator_requests_total", rpc="TranslateStream", code="OK") == 1
+    assert wait_for(lambda: server.total("translator_segments_total", outcome="dropped_deadline") == 1)
+    assert server.total("translator_stream_items_total", code="DEADLINE_EXCEEDED") == 1
+    assert server.total("translator_requests_total", rpc="TranslateStream", code="OK") == 1
 
 
 def test_stream_call_deadline_bounds_items_with_a_longer_timeout_ms(start_fake_server, client_for):
@@ -612,7 +602,7 @@ def test_stream_call_deadline_bounds_items_with_a_longer_timeout_ms(start_fake_s
     except TranslatorError as e:
         code = e.code
     assert code == grpc.StatusCode.DEADLINE_EXCEEDED and time.monotonic() - t0 < 1.9
-    assert wait_for(lambda: value(server, "translator_segments_total", outcome="dropped_deadline") == 1, 3)
+    assert wait_for(lambda: server.total("translator_segments_total", outcome="dropped_deadline") == 1, 3)
 
 
 def test_stream_flow_control_stops_reading_at_max_stream_inflight(start_fake_server, client_for):
@@ -631,16 +621,16 @@ def test_stream_flow_control_stops_reading_at_max_stream_inflight(start_fake_ser
     reader.start()
     try:
         assert wait_for(lambda: len(sent) == 12), "the client could not send every item"
-        assert wait_for(lambda: value(server, "translator_requests_in_flight") == 4)
+        assert wait_for(lambda: server.total("translator_requests_in_flight") == 4)
         time.sleep(0.3)
-        assert value(server, "translator_requests_in_flight") == 4, "the server read past the limit"
-        assert value(server, "translator_queue_segments") + len(server.server.scheduler.strategy.running) == 4
+        assert server.total("translator_requests_in_flight") == 4, "the server read past the limit"
+        assert server.total("translator_queue_segments") + len(server.server.scheduler.strategy.running) == 4
     finally:
         engine.gate.set()
         reader.join(30)
     assert sorted(r.request_id for r in results) == sorted(f"s{i}" for i in range(12))
     assert all(r.ok for r in results)
-    assert value(server, "translator_stream_items_total", code="OK") == 12
+    assert server.total("translator_stream_items_total", code="OK") == 12
 
 
 def test_client_cancelling_a_stream_cancels_its_items(start_fake_server, channel_to, caplog):
@@ -661,19 +651,19 @@ def test_client_cancelling_a_stream_cancels_its_items(start_fake_server, channel
         assert wait_for(engine.waiting.is_set)
         call.cancel()
         assert wait_for(
-            lambda: value(server, "translator_requests_total", rpc="TranslateStream", code="CANCELLED") == 1
+            lambda: server.total("translator_requests_total", rpc="TranslateStream", code="CANCELLED") == 1
         )
-        assert value(server, "translator_stream_items_total", code="CANCELLED") == 1
+        assert server.total("translator_stream_items_total", code="CANCELLED") == 1
     engine.gate.set()  # the worker reaches the next step boundary, where the cancelled row leaves
     release.set()
-    assert wait_for(lambda: value(server, "translator_segments_total", outcome="dropped_cancelled") == 1)
-    assert value(server, "translator_segments_total", outcome="translated") == 0
-    assert value(server, "translator_requests_in_flight") == 0
+    assert wait_for(lambda: server.total("translator_segments_total", outcome="dropped_cancelled") == 1)
+    assert server.total("translator_segments_total", outcome="translated") == 0
+    assert server.total("translator_requests_in_flight") == 0
     (stream,) = [r.fields for r in caplog.records if r.getMessage() == "stream"]
     assert (stream["status"], stream["items"], stream["error"]) == ("CANCELLED", 1, "cancelled by client")
     (item,) = request_lines(caplog, "TranslateStream")
     assert (item["id"], item["status"], item["error"]) == ("a", "CANCELLED", "cancelled by client")
-    assert value(server, "translator_request_duration_seconds_count", rpc="TranslateStream") == 1
+    assert server.total("translator_request_duration_seconds_count", rpc="TranslateStream") == 1
 
 
 # ---- cancellation and deadlines in flight -------------------------------------------------------------
@@ -687,12 +677,12 @@ def test_client_deadline_mid_decode_drops_the_rows_at_the_next_step(start_fake_s
     with pytest.raises(TranslatorError) as e:
         c.translate(["a b c", "d e f", "g h i"], max_length=250, timeout=0.3)  # 2.5 s of decoding
     assert e.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert wait_for(lambda: value(server, "translator_segments_total", outcome="dropped_deadline") == 3, 2)
+    assert wait_for(lambda: server.total("translator_segments_total", outcome="dropped_deadline") == 3, 2)
     # The client's deadline ends its call at once; the server's handler records it a moment later.
     assert wait_for(
-        lambda: value(server, "translator_requests_total", rpc="Translate", code="DEADLINE_EXCEEDED") == 1, 2
+        lambda: server.total("translator_requests_total", rpc="Translate", code="DEADLINE_EXCEEDED") == 1, 2
     )
-    assert value(server, "translator_segments_total", outcome="translated") == 0
+    assert server.total("translator_segments_total", outcome="translated") == 0
     if mode == "inflight":
         (batch,) = engine.running
         assert wait_for(lambda: len(batch) == 0, 2) and sorted(batch.dropped) == [0, 1, 2]
@@ -736,7 +726,7 @@ def test_drain_reports_not_serving_then_refuses_while_in_flight_requests_finish(
     assert wait_for(lambda: NOT_SERVING in seen, 1)
     for service in ("", SERVICE_NAME):
         assert health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status == NOT_SERVING
-    assert value(server, "translator_ready") == 0
+    assert server.total("translator_ready") == 0
     assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=5).name == "fake-en-es"
 
     # Then new RPCs are refused while the held one is still decoding.
@@ -1049,5 +1039,5 @@ def test_a_failed_request_counts_its_queued_segments_as_failed(start_fake_server
     with pytest.raises(TranslatorError) as e:
         client_for(server, retries=0).translate(["boom", "fine words", "more words"], max_length=3)
     assert e.value.code == grpc.StatusCode.INTERNAL
-    assert value(server, "translator_segments_total", outcome="failed") == 3
-    assert value(server, "translator_segments_total", outcome="translated") == 0
+    assert server.total("translator_segments_total", outcome="failed") == 3
+    assert server.total("translator_segments_total", outcome="translated") == 0
