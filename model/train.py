@@ -67,16 +67,31 @@ class TrainConfig:
     save_every: int = 100  # steps between last.pt checkpoints (besides validation)
     keep_snapshots: int = 0  # keep the weights of the last N validations in run-dir/snapshots (model.average)
     rewarm: int = 100  # with --init-from: steps to ramp the learning rate back up (fresh Adam moments)
+    cooldown: int = 0  # steps of linear decay to 0 from where it starts, then the run ends (0 = none)
     repeat_frequent: int = 1  # 1: a pair shipped by n packages is seen 1 + floor(log2 n) times an epoch
     seed: int = 1234
     threads: int = 0  # 0 = torch default
 
 
-def learning_rate(step: int, peak: float, warmup: int, start_step: int = 0, rewarm: int = 0) -> float:
+def learning_rate(
+    step: int,
+    peak: float,
+    warmup: int,
+    start_step: int = 0,
+    rewarm: int = 0,
+    cooldown_start: int = 0,
+    cooldown: int = 0,
+) -> float:
     """Linear warm-up to `peak`, then decay with 1/sqrt(step) (the paper's schedule, peak-normalised).
 
     A run continued from a release at `start_step` ramps linearly back to the schedule over `rewarm` steps:
-    its Adam moments start at zero, and a full-size first update would undo part of the release."""
+    its Adam moments start at zero, and a full-size first update would undo part of the release.
+
+    A cooldown ends a run: from `cooldown_start` the rate falls linearly to 0 over `cooldown` steps (the
+    "decay" of warmup-stable-decay schedules): the inverse-square-root tail alone never settles."""
+    if cooldown and step > cooldown_start:
+        left = max(0.0, 1.0 - (step - cooldown_start) / cooldown)
+        return learning_rate(cooldown_start, peak, warmup, start_step, rewarm) * left
     step = max(step, 1)
     rate = peak * min(step / warmup, math.sqrt(warmup / step))
     if rewarm and step <= start_step + rewarm:
@@ -408,6 +423,7 @@ def main(argv: list[str] | None = None) -> None:
     model = Transformer(config).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9)
     step, epoch, best_bleu, history, elapsed_before = 0, 0, -1.0, [], 0.0
+    cooldown_start: int | None = None
     start_step, epoch_step, epoch_rng = 0, 0, rng.getstate()
     last_path = args.run_dir / "last.pt"
     if args.resume and last_path.exists():
@@ -417,6 +433,9 @@ def main(argv: list[str] | None = None) -> None:
         step, epoch, best_bleu = state["step"], state["epoch"], state["best_bleu"]
         history, elapsed_before = state["history"], state.get("train_seconds", 0.0)
         start_step, epoch_step = state.get("start_step", 0), state.get("epoch_step", 0)
+        cooldown_start = state.get("cooldown_start")
+        if cooldown_start is not None and not cfg.cooldown:
+            cfg.cooldown = state["train_config"]["cooldown"]  # a cooldown under way goes on
         epoch_rng = state.get("epoch_rng", state["rng"])
         before = state.get("train_config", {})
         if any(
@@ -441,6 +460,9 @@ def main(argv: list[str] | None = None) -> None:
         elapsed_before = release_info["best"].get("train_seconds", 0.0)
         print(f"initialised from {args.init_from} (step {step}); fresh optimizer", file=sys.stderr)
     args.run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.cooldown and cooldown_start is None:
+        cooldown_start = step
+        print(f"cooldown: learning rate to 0 over steps {step}-{step + cfg.cooldown}", file=sys.stderr)
 
     n_tgt_tokens = sum(len(t) + 1 for _, t in train)
     print(
@@ -466,6 +488,7 @@ def main(argv: list[str] | None = None) -> None:
                 "epoch_step": epoch_step,
                 "epoch_rng": epoch_rng,
                 "start_step": start_step,
+                "cooldown_start": cooldown_start,
                 "best_bleu": best_bleu,
                 "history": history,
                 "rng": rng.getstate(),
@@ -527,7 +550,10 @@ def main(argv: list[str] | None = None) -> None:
         window_tokens, window_start = 0, time.time()
         for batch in progress:
             src, tgt_in, tgt_out = (t.to(device) for t in collate([train[i] for i in batch], 0, 1, 2))
-            lr = learning_rate(step + 1, cfg.lr, cfg.warmup, start_step, cfg.rewarm if start_step else 0)
+            lr = learning_rate(
+                step + 1, cfg.lr, cfg.warmup, start_step, cfg.rewarm if start_step else 0,
+                cooldown_start or 0, cfg.cooldown,
+            )  # fmt: skip
             for group in optimizer.param_groups:
                 group["lr"] = lr
             loss_sum, n_tokens = label_smoothed_loss(model(src, tgt_in), tgt_out, 0, cfg.label_smoothing)
@@ -567,6 +593,10 @@ def main(argv: list[str] | None = None) -> None:
                     file=sys.stderr,
                 )
                 return
+            if cooldown_start is not None and step >= cooldown_start + cfg.cooldown:
+                tqdm.write(f"cooldown finished at step {step}", file=sys.stderr)
+                stop = True
+                break
             if time.time() > deadline or (cfg.max_steps and step >= cfg.max_steps):
                 stop = True
                 break

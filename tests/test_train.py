@@ -36,6 +36,14 @@ def test_learning_rate_warms_up_decays_and_rewarms_a_continued_run():
         learning_rate(4001, 1e-3, 1000) / 100
     )
     assert learning_rate(4200, 1e-3, 1000, start_step=4000, rewarm=100) == learning_rate(4200, 1e-3, 1000)
+    # a cooldown from step 9000: linear from the schedule's rate there to 0 over 1000 steps
+    at_9000 = learning_rate(9000, 1e-3, 1000)
+    assert learning_rate(9000, 1e-3, 1000, cooldown_start=9000, cooldown=1000) == at_9000
+    assert learning_rate(9250, 1e-3, 1000, cooldown_start=9000, cooldown=1000) == pytest.approx(
+        0.75 * at_9000
+    )
+    assert learning_rate(10000, 1e-3, 1000, cooldown_start=9000, cooldown=1000) == 0.0
+    assert learning_rate(12000, 1e-3, 1000, cooldown_start=9000, cooldown=1000) == 0.0
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +134,18 @@ def test_a_run_stops_when_it_has_converged(tiny_data, tiny_model, tmp_path, caps
     assert state["step"] == 3 and [r["step"] for r in state["history"]] == [1, 2, 3]
     assert "converged at step 3" in capsys.readouterr().err
     assert (run / "rel" / "model.safetensors").exists()
+
+
+def test_a_cooldown_ends_the_run_and_goes_on_after_a_resume(tiny_data, tiny_model, tmp_path, capsys):
+    """--cooldown 4 from step 0: stopped at step 2 and resumed without the flag, the run still cools
+    down and ends at step 4 with a validation, however many steps it was allowed."""
+    run = tmp_path / "run"
+    _run(tiny_data, run, "--max-steps", "2", "--cooldown", "4", "--patience", "0")
+    _run(tiny_data, run, "--max-steps", "50", "--resume", "--patience", "0")
+    state = torch.load(run / "last.pt", weights_only=False)
+    assert state["step"] == 4 and state["cooldown_start"] == 0 and state["train_config"]["cooldown"] == 4
+    assert [r["step"] for r in state["history"]] == [2, 4]
+    assert "cooldown finished at step 4" in capsys.readouterr().err
 
 
 def test_frequent_pairs_repeat_by_log_of_their_package_count(tmp_path):
