@@ -83,6 +83,15 @@ def _convergence(history: list[dict], train_config: dict) -> str:
     )
     if len(history) <= patience:
         return f"{rule} Too few validations to judge ({len(history)})."
+    cooldown = train_config.get("cooldown", 0)
+    if cooldown and history[-1].get("lr") == 0.0:
+        return (
+            f"The run ended with a cooldown (`--cooldown {cooldown}`): the learning rate fell linearly to 0 "
+            f"over its last {cooldown:,} steps, to step {history[-1]['step']:,}, the usual end of a "
+            "warmup-stable-decay schedule. Before it, the convergence rule "
+            f"({rule[rule.index(':') + 2 :].rstrip('.')}) was not met: the inverse-square-root tail "
+            "alone kept lowering the loss slowly."
+        )
     before, recent = history[:-patience], history[-patience:]
     old = min(r["valid_loss"] for r in before)
     new = min(r["valid_loss"] for r in recent)

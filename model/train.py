@@ -513,6 +513,7 @@ def main(argv: list[str] | None = None) -> None:
             "train_seconds": round(elapsed_before + time.time() - started, 1),
             "decode_seconds": round(time.time() - t0, 1),
             "threads": torch.get_num_threads(),
+            "lr": optimizer.param_groups[0]["lr"],  # of the step just taken
         }
         history.append(record)
         improved = bleu > best_bleu

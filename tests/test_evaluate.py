@@ -367,6 +367,10 @@ def test_the_model_card_says_whether_the_run_has_converged():
     done = _convergence(history(1.30, 1.25, 1.249, 1.252), {"patience": 2, "min_delta": 0.005})
     assert "At step 1,000 it is met" in done and "(steps 750-1,000)" in done
     assert "was off" in _convergence(history(1.3, 1.2, 1.1), {"patience": 0})
+    cooled = history(1.30, 1.28, 1.25)
+    cooled[-1]["lr"] = 0.0
+    ended = _convergence(cooled, {"patience": 2, "min_delta": 0.005, "cooldown": 500})
+    assert ended.startswith("The run ended with a cooldown (`--cooldown 500`)") and "to step 750" in ended
 
 
 def test_tune_decoding_picks_the_smallest_alpha_near_the_best_on_valid(data_dir, tiny_checkpoint, tmp_path):
