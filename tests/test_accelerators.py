@@ -90,7 +90,7 @@ def test_callers_can_leave_markers_alone(engine):
 def test_the_server_moves_accelerators_for_translate_but_not_for_files(start_fake_server, client_for):
     from client.load import free_port
     from tests.fake_engine import FakeEngine
-    from tests.test_http_fake import upload
+    from tests.http_helpers import upload
 
     fake = FakeEngine()
     server = start_fake_server(fake, http_port=free_port())

@@ -11,7 +11,7 @@ import pytest
 
 from client.load import free_port
 from tests.fake_engine import FakeEngine
-from tests.test_http_fake import call, upload, value
+from tests.http_helpers import call, upload
 
 HEADER = 'msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\n'
 
@@ -90,4 +90,4 @@ def test_files_that_cannot_be_translated(http, name, content, status, error):
     got, _, body = upload(server, name, content)
     assert got == status and error in body["error"]
     code = {400: "INVALID_ARGUMENT", 500: "INTERNAL"}[status]
-    assert value(server, "translator_requests_total", rpc="TranslateFile", code=code, transport="http") == 1
+    assert server.total("translator_requests_total", rpc="TranslateFile", code=code, transport="http") == 1
