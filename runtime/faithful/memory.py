@@ -19,15 +19,22 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["FORMAT", "MemoryEntry", "read_memory", "write_memory"]
+__all__ = ["FORMAT", "NOTE_PREFIX", "MemoryEntry", "note_reason", "read_memory", "write_memory"]
 
 FORMAT = "translation-memory/1"
+NOTE_PREFIX = "translation memory: "  # how the reason of such a text's note starts
 
 
 @dataclass(frozen=True, slots=True)
 class MemoryEntry:
     target: str
     packages: int  # packages that ship this exact translation of the source
+
+
+def note_reason(entry: MemoryEntry) -> str:
+    """What a text answered from the memory says: "translation memory: as 26 packages translate it"."""
+    shipped = f"{entry.packages} package{'s' if entry.packages > 1 else ''}"
+    return f"{NOTE_PREFIX}as {shipped} translate it"
 
 
 def write_memory(path: Path, entries: Iterable[tuple[str, str, int]], header: dict) -> int:

@@ -27,7 +27,7 @@ from functools import lru_cache
 from runtime.decoding import DecodingOptions
 from runtime.faithful.casing import match_first_case
 from runtime.faithful.mask import SENTINEL_PATTERN, Masked, mask, repair, restore
-from runtime.faithful.memory import MemoryEntry
+from runtime.faithful.memory import MemoryEntry, note_reason
 from runtime.faithful.segment import COLUMNS, MAX_TEXT_CHARS, segment, split_to_fit
 from runtime.faithful.spans import Glossary, Span, find_spans
 from runtime.faithful.terms import is_known_word
@@ -190,8 +190,7 @@ class TextLayer:
         if kept is None or problem is not None:
             return None
         unit.cands = [(entry.target, 0.0, [])]
-        shipped = f"{entry.packages} package{'s' if entry.packages > 1 else ''}"
-        unit.note = SegmentNote("memory", start, end, f"translation memory: as {shipped} translate it")
+        unit.note = SegmentNote("memory", start, end, note_reason(entry))
         return unit
 
     def _first_round(self, text: str, gloss: Glossary | None) -> list[str | _Unit]:
