@@ -71,30 +71,29 @@ def _row(name: str, s: dict) -> str:
 
 def _convergence(history: list[dict], train_config: dict) -> str:
     """The trainer's convergence rule (model.train.converged) applied to the shipped weights' history."""
-    from model.train import TrainConfig, converged
+    from model.train import TrainConfig, converged, loss_windows
 
     patience = train_config.get("patience", TrainConfig.patience)
     delta = train_config.get("min_delta", TrainConfig.min_delta)
     if not patience:
         return "The trainer's convergence rule was off (`--patience 0`)."
-    rule = (
-        f"Convergence rule (`model.train.converged`): none of the last {patience} validations lowers the "
-        f"best valid loss of the earlier ones by {delta}."
+    condition = (
+        f"none of the last {patience} validations lowers the best valid loss of the earlier ones by {delta}"
     )
-    if len(history) <= patience:
+    rule = f"Convergence rule (`model.train.converged`): {condition}."
+    windows = loss_windows(history, patience)
+    if windows is None:
         return f"{rule} Too few validations to judge ({len(history)})."
     cooldown = train_config.get("cooldown", 0)
     if cooldown and history[-1].get("lr") == 0.0:
         return (
             f"The run ended with a cooldown (`--cooldown {cooldown}`): the learning rate fell linearly to 0 "
             f"over its last {cooldown:,} steps, to step {history[-1]['step']:,}, the usual end of a "
-            "warmup-stable-decay schedule. Before it, the convergence rule "
-            f"({rule[rule.index(':') + 2 :].rstrip('.')}) was not met: the inverse-square-root tail "
-            "alone kept lowering the loss slowly."
+            f"warmup-stable-decay schedule. Before it, the convergence rule ({condition}) was not met: the "
+            "inverse-square-root tail alone kept lowering the loss slowly."
         )
-    before, recent = history[:-patience], history[-patience:]
-    old = min(r["valid_loss"] for r in before)
-    new = min(r["valid_loss"] for r in recent)
+    old, new = windows
+    recent = history[-patience:]
     state = "met" if converged(history, patience, delta) else "not met yet"
     return (
         f"{rule} At step {history[-1]['step']:,} it is {state}: the last {patience} validations "

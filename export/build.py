@@ -32,10 +32,10 @@ from runtime.bundle import (
     file_entry,
     sha256_file,
 )
+from runtime.faithful.memory import MEMORY_FILE
 
 VARIANTS = ("fp32", "int8", "fp16")
 SOURCE_WORDS = "source_words.txt"  # the training sources' words (model/keep_terms.py), likewise
-MEMORY = "memory.jsonl.gz"  # the translation memory (model/memory.py), likewise
 KEEP_TERMS = "keep_terms.txt"  # the do-not-translate list (model/keep_terms.py), copied when the model has it
 FP32_TOLERANCE = 1e-4
 
@@ -144,7 +144,8 @@ def export_bundle(
             model, tokenizer, checkpoint, stage, variants, optimize, data_dir,
             parity_sentences, threads, max_source_tokens,
         )  # fmt: skip
-        for key, file in (("keep_terms", KEEP_TERMS), ("source_words", SOURCE_WORDS), ("memory", MEMORY)):
+        lists = (("keep_terms", KEEP_TERMS), ("source_words", SOURCE_WORDS), ("memory", MEMORY_FILE))
+        for key, file in lists:
             if (checkpoint / file).is_file():  # listed under "files" (sha256) like every file of the stage
                 shutil.copyfile(checkpoint / file, stage / file)
                 manifest[key] = file

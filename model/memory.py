@@ -29,9 +29,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from runtime.faithful.memory import write_memory
+from runtime.faithful.memory import MEMORY_FILE, write_memory
 
-MEMORY_FILE = "memory.jsonl.gz"  # in the model directory; export/build.py copies it into the bundle
 MIN_PACKAGES = 1
 MIN_SHARE = 0.5
 

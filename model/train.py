@@ -99,6 +99,15 @@ def learning_rate(
     return rate
 
 
+def loss_windows(history: list[dict], patience: int) -> tuple[float, float] | None:
+    """(best valid loss before the last `patience` validations, best among them); None when there are
+    not more than `patience` validations (or patience <= 0)."""
+    losses = [r["valid_loss"] for r in history]
+    if patience <= 0 or len(losses) <= patience:
+        return None
+    return min(losses[:-patience]), min(losses[-patience:])
+
+
 def converged(history: list[dict], patience: int, min_delta: float) -> bool:
     """The convergence rule: none of the last `patience` validations lowered the best valid loss of
     the ones before by `min_delta` or more.
@@ -106,10 +115,8 @@ def converged(history: list[dict], patience: int, min_delta: float) -> bool:
     On valid loss, not BLEU: 400-sentence BLEU swings by +-1.5 between neighbouring checkpoints, the loss
     over all valid pairs by about 0.005. Judged on the history only, so a resumed run gives the same
     answer."""
-    losses = [r["valid_loss"] for r in history]
-    if patience <= 0 or len(losses) <= patience:
-        return False
-    return min(losses[-patience:]) > min(losses[:-patience]) - min_delta
+    windows = loss_windows(history, patience)
+    return windows is not None and windows[1] > windows[0] - min_delta
 
 
 def make_batches(

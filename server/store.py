@@ -19,6 +19,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from runtime.faithful.memory import MEMORY_FILE
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BUNDLES_DIR = REPO_ROOT / "bundles"
 DEFAULT_MODEL_NAME = "en-es-small"
@@ -47,7 +49,7 @@ EXPORTED_FROM = (
     "decoding.json",
     "keep_terms.txt",
     "source_words.txt",
-    "memory.jsonl.gz",
+    MEMORY_FILE,
 )
 
 

@@ -19,9 +19,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["FORMAT", "NOTE_PREFIX", "MemoryEntry", "note_reason", "read_memory", "write_memory"]
+__all__ = [
+    "FORMAT",
+    "MEMORY_FILE",
+    "NOTE_PREFIX",
+    "MemoryEntry",
+    "note_reason",
+    "read_memory",
+    "write_memory",
+]
 
 FORMAT = "translation-memory/1"
+MEMORY_FILE = "memory.jsonl.gz"  # in a model directory (model.memory writes it) and in its bundle (export)
 NOTE_PREFIX = "translation memory: "  # how the reason of such a text's note starts
 
 
