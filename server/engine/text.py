@@ -122,12 +122,16 @@ class Engine:
                 self.memory = read_memory(self.bundle_dir / m["memory"])
             except (OSError, EOFError, ValueError) as e:
                 raise BundleError(f"cannot read the translation memory: {e}") from e
-        self.memory_entries = len(self.memory)
         self.text_layer = TextLayer(self.tokenizer, self.max_source_tokens, **lists, memory=self.memory)
         self.last_stats: dict[str, Any] = {}
         self._lock = threading.Lock()  # one batch at a time: the generator reuses its cache buffers
 
     # ---------------------------------------------------------------------------------------- public
+
+    @property
+    def memory_entries(self) -> int:
+        """Texts the text layer answers from the translation memory (0: off or none in the bundle)."""
+        return len(self.memory)
 
     def count_tokens(self, texts: list[str]) -> list[int]:
         """Source tokens per text as translate() would feed them (0 for blank texts)."""
