@@ -31,6 +31,8 @@ from server.auth import BearerTokenInterceptor
 from server.config import ServerConfig
 from server.health import DrainingHealthServicer
 from server.http_api import HttpApi, server_ssl_context
+from server.http_limits import HttpLimits
+from server.logs import LoopErrorLimiter
 from server.metrics import Metrics
 from server.scheduler import Scheduler
 from server.service import SERVICE_NAME, Backend, TranslatorService, add_to_server
@@ -129,7 +131,7 @@ class TranslatorServer:
             max_stream_inflight=config.max_stream_inflight,
             max_queue_segments=config.max_queue_segments,
         )
-        self.health = DrainingHealthServicer()
+        self.health = DrainingHealthServicer(max_watches=config.max_health_watches)
         self.serving = False  # what the health services say (gRPC health and HTTP /health)
         self.http: HttpApi | None = None
         self.http_port = 0
@@ -157,6 +159,9 @@ class TranslatorServer:
                 ("grpc.max_receive_message_length", cfg.max_message_bytes),
                 ("grpc.max_send_message_length", 4 * cfg.max_message_bytes),
                 ("grpc.so_reuseport", 0),
+                # HTTP/2 MAX_CONCURRENT_STREAMS: one connection cannot open thousands of calls (health
+                # Watch streams need no token); a client past it queues its calls, none fails.
+                ("grpc.max_concurrent_streams", cfg.grpc_max_streams_per_connection),
             ],
         )
         add_to_server(self.service, self.server)
@@ -175,6 +180,11 @@ class TranslatorServer:
             self.port = self.server.add_secure_port(address, creds)
         else:
             self.port = self.server.add_insecure_port(address)
+        loop = asyncio.get_running_loop()
+        if loop.get_exception_handler() is None:
+            # Out of descriptors, asyncio reports every failed accept(): one line per kind per 10 s
+            # instead (server/logs.py). A handler someone else set is left alone.
+            loop.set_exception_handler(LoopErrorLimiter())
         await self.server.start()
         try:
             if cfg.metrics_port >= 0:
@@ -212,7 +222,7 @@ class TranslatorServer:
             self.service.core,
             self.metrics,
             auth_token=cfg.auth_token,
-            max_body_bytes=cfg.max_message_bytes,
+            limits=HttpLimits.from_config(cfg),
             serving=lambda: self.serving,
             shutdown_grace_s=cfg.shutdown_grace_s,
         )

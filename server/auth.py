@@ -1,7 +1,12 @@
-"""Bearer-token authentication as a gRPC server interceptor (health checks stay open).
+"""Bearer-token authentication: the one rule both transports apply, and the gRPC server interceptor
+(health checks stay open).
 
-Metadata `authorization: Bearer <token>`; the scheme is case-insensitive (RFC 7235 section 2.1:
-`bearer` and `BEARER` work too), the token is compared exactly, in constant time.
+Metadata / header `authorization: Bearer <token>`; the scheme is case-insensitive (RFC 7235 section
+2.1: `bearer` and `BEARER` work too). The rule (`token_matches`), for gRPC metadata, the HTTP
+`Authorization` header and the HTTP `api_key` alike: spaces and tabs around the presented token are
+dropped (HTTP parsers drop them from header values anyway, so gRPC does too), the rest is compared
+exactly, in constant time. Any text can be presented, a lone surrogate included: it simply does not
+match.
 """
 
 from __future__ import annotations
@@ -14,15 +19,28 @@ import grpc
 from server.metrics import Metrics
 
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
+BLANKS = b" \t"
 
 
-def bearer_credentials(value: bytes) -> bytes | None:
+def as_bytes(value: str | bytes) -> bytes:
+    """A presented credential as bytes. surrogatepass: a lone surrogate (JSON allows "\\ud800") or an
+    undecodable header byte (aiohttp keeps it as a surrogate escape) must fail the comparison, not raise."""
+    return value if isinstance(value, bytes) else value.encode("utf-8", "surrogatepass")
+
+
+def bearer_credentials(value: str | bytes) -> bytes | None:
     """The token of an `authorization` value `<scheme> <token>` whose scheme is Bearer in any case
-    (one or more spaces after it), else None."""
-    scheme, space, token = value.partition(b" ")
+    (one or more spaces after it), blanks around it dropped; else None."""
+    scheme, space, token = as_bytes(value).partition(b" ")
     if not space or scheme.lower() != b"bearer":
         return None
-    return token.lstrip(b" ")
+    return token.strip(BLANKS)
+
+
+def token_matches(presented: str | bytes, expected: bytes) -> bool:
+    """Whether a presented token (blanks around it dropped) is `expected`, compared in constant time."""
+    token = as_bytes(presented).strip(BLANKS)
+    return bool(token) and hmac.compare_digest(token, expected)
 
 
 def _deny_handler(original: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
@@ -64,7 +82,7 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
                 presented = value.encode() if isinstance(value, str) else value
                 break
         token = bearer_credentials(presented) if presented is not None else None
-        if token is not None and hmac.compare_digest(token, self._expected):
+        if token is not None and token_matches(token, self._expected):
             return handler
         if self._metrics is not None:
             rpc = method.rsplit("/", 1)[-1] or "unknown"

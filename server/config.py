@@ -49,6 +49,14 @@ class ServerConfig:
     max_texts: int = 64  # texts per request
     max_message_bytes: int = 4 * 1024 * 1024  # gRPC max receive/send message size
     max_stream_inflight: int = 64  # unanswered items per TranslateStream call before reading pauses
+    # HTTP port limits (server/http_limits.py HttpLimits reads these; docs/service.md "Limits and hardening").
+    http_header_timeout_s: float = 10.0  # a request's line and headers must arrive within this
+    http_keepalive_timeout_s: float = 15.0  # an idle keep-alive connection is closed after this
+    http_body_timeout_s: float = 30.0  # a request's body must arrive within this once its headers have
+    http_max_connections: int = 1000  # open HTTP connections; beyond: 503 and closed (also <= fds / 2)
+    # gRPC limits: health Watch streams (all connections together) and streams per HTTP/2 connection.
+    max_health_watches: int = 100
+    grpc_max_streams_per_connection: int = 128
     tls_cert: str = ""  # PEM server certificate chain; with tls_key enables TLS
     tls_key: str = ""
     tls_client_ca: str = ""  # PEM CA bundle; set = clients must present a certificate signed by it
@@ -104,6 +112,9 @@ class ServerConfig:
             "max_texts",
             "max_message_bytes",
             "max_stream_inflight",
+            "http_max_connections",
+            "max_health_watches",
+            "grpc_max_streams_per_connection",
         ):
             if getattr(self, name) < 1:
                 bad(name, ">= 1", getattr(self, name))
@@ -111,6 +122,14 @@ class ServerConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 bad(name, "a finite number >= 0", value)
+        for name in ("http_header_timeout_s", "http_keepalive_timeout_s", "http_body_timeout_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                bad(name, "a finite number > 0", value)
+        if self.auth_token != self.auth_token.strip(" \t"):
+            # Presented tokens are compared without surrounding blanks (server/auth.py): a configured
+            # token with one could never match.
+            errors.append(f"{setting('auth_token')} must not start or end with a space or tab")
         if self.max_texts > self.max_queue_segments:
             errors.append(
                 f"{setting('max_texts')} ({self.max_texts}) must not exceed "
@@ -201,6 +220,17 @@ HELP = {
     "max_texts": "texts per request",
     "max_message_bytes": "largest gRPC message, in bytes",
     "max_stream_inflight": "unanswered items per TranslateStream call before the server stops reading",
+    "http_header_timeout_s": "seconds (> 0) an HTTP client has to send a request's line and headers, "
+    "from its connection or its previous response on; slower connections are closed",
+    "http_keepalive_timeout_s": "seconds (> 0) an idle HTTP keep-alive connection stays open",
+    "http_body_timeout_s": "seconds (> 0) an HTTP client has to send a request's body once its headers "
+    "are in; slower requests get 408",
+    "http_max_connections": "open HTTP connections, >= 1; past it a new connection gets 503 and is "
+    "closed (never more than half the process's open-file limit, so gRPC keeps descriptors)",
+    "max_health_watches": "open gRPC health Watch streams, all clients together, >= 1; past it Watch "
+    "answers RESOURCE_EXHAUSTED",
+    "grpc_max_streams_per_connection": "concurrent gRPC streams (calls) per client connection, >= 1 "
+    "(HTTP/2 MAX_CONCURRENT_STREAMS; a client queues calls past it)",
     "tls_cert": "PEM server certificate (chain); enables TLS together with --tls-key",
     "tls_key": "PEM server private key",
     "tls_client_ca": "PEM CA certificates; when set, clients must present a certificate signed by one",

@@ -6,12 +6,17 @@ Watch held the whole shutdown grace period (30 s by default) after the translati
 `DrainingHealthServicer.drain()` ends every Watch stream, with status OK, once the server stops taking
 RPCs; each stream carries the last status set before it (NOT_SERVING while draining) first. Check, Watch
 and set() otherwise behave as the library's servicer does.
+
+Health stays open without the bearer token (load balancers and Kubernetes probes carry none), so open
+Watch streams are capped instead: `max_watches` across all clients (5,000 streams held ~100 MB); one
+past the cap ends at once with RESOURCE_EXHAUSTED. Check is a unary call and needs no cap of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 
+import grpc
 from grpc_health.v1 import health, health_pb2
 
 SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
@@ -40,10 +45,12 @@ class _Sent:
 
 
 class DrainingHealthServicer(health.aio.HealthServicer):
-    def __init__(self) -> None:
+    def __init__(self, max_watches: int = 100) -> None:
         super().__init__()
         self._statuses: dict[str, int] = {"": health_pb2.HealthCheckResponse.SERVING}  # as the library's
         self._drained = asyncio.Event()
+        self.max_watches = max_watches
+        self.watches = 0  # open Watch streams
 
     async def set(self, service: str, status: int) -> None:
         await super().set(service, status)
@@ -54,6 +61,19 @@ class DrainingHealthServicer(health.aio.HealthServicer):
         self._drained.set()
 
     async def Watch(self, request: health_pb2.HealthCheckRequest, context) -> None:
+        if self.watches >= self.max_watches:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"too many health Watch streams open ({self.max_watches}, --max-health-watches): "
+                "use Check, or retry later",
+            )
+        self.watches += 1
+        try:
+            await self._watch(request, context)
+        finally:
+            self.watches -= 1
+
+    async def _watch(self, request: health_pb2.HealthCheckRequest, context) -> None:
         sent = _Sent(context)
         watch = asyncio.ensure_future(super().Watch(request, sent))
         drained = asyncio.ensure_future(self._drained.wait())

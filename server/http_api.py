@@ -12,10 +12,13 @@ Handlers never touch ONNX. Documentation: docs/service.md, "HTTP API (LibreTrans
 from __future__ import annotations
 
 import asyncio
-import hmac
+import base64
+import hashlib
+import json
 import logging
 import math
 import os
+import re
 import ssl
 import time
 import uuid
@@ -27,7 +30,9 @@ from typing import Any
 from aiohttp import web
 
 from server import translate as core
+from server.auth import bearer_credentials, token_matches
 from server.files import SUFFIXES, translate_file
+from server.http_limits import ConnectionGuard, HttpLimits
 from server.metrics import Metrics
 from server.translate import Failure, OptionRequest, TranslationCore
 
@@ -49,6 +54,7 @@ CODE_NAMES = {  # HTTP status -> the gRPC code name of the same meaning (metrics
     403: "UNAUTHENTICATED",
     404: "NOT_FOUND",
     405: "UNIMPLEMENTED",
+    408: "DEADLINE_EXCEEDED",
     413: "INVALID_ARGUMENT",
     429: "RESOURCE_EXHAUSTED",
     499: "CANCELLED",
@@ -79,35 +85,115 @@ def error_response(e: HttpError) -> web.Response:
     return web.json_response({"error": e.message}, status=e.status, headers=headers)
 
 
-async def read_params(request: web.Request) -> dict[str, Any]:
-    """A JSON object or a form (urlencoded / multipart; a repeated field is a list), over the query."""
+def _unicode_problem(value: Any) -> str | None:
+    """Where a parsed body holds a string that is not Unicode text (a lone surrogate, which JSON's
+    "\\ud800" and a form's undecodable bytes produce): a description, else None. Iterative: a deep
+    structure must not cost a RecursionError here."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as e:
+                return f"a lone surrogate U+{ord(item[e.start]):04X} at character {e.start}"
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
+
+
+async def read_params(
+    request: web.Request, limits: HttpLimits | None = None, check_text: bool = True
+) -> dict[str, Any]:
+    """A JSON object or a form (urlencoded / multipart; a repeated field is a list), over the query.
+
+    Whatever the client sent, the outcome is these parameters or an HttpError: 400 naming the part that
+    is wrong (not JSON, nested too deep, a multipart body without its boundary or its end, a part header
+    too long, text that is not Unicode), 408 when the body does not arrive within body_timeout_s, 413
+    when it is larger than max_body_bytes (aiohttp's client_max_size). Never an exception of the parser's
+    (those were 500s with a traceback)."""
+    limits = limits or HttpLimits()
     params: dict[str, Any] = dict(request.query)
-    if request.method != "POST":
-        return params
-    if request.content_type == "application/json":
+    if request.method == "POST":
+        params.update(await _read_body(request, limits))
+    if check_text:
+        check_unicode(params)
+    return params
+
+
+def check_unicode(params: dict[str, Any]) -> None:
+    """400 naming the first parameter that holds a string which is not Unicode text."""
+    for name, value in params.items():
+        problem = _unicode_problem(value) or _unicode_problem(name)
+        if problem:
+            raise HttpError(400, f"Invalid request: {str(name)[:40]!r} is not valid Unicode text ({problem})")
+
+
+async def _read_body(request: web.Request, limits: HttpLimits) -> dict[str, Any]:
+    is_json = request.content_type == "application/json"
+    what = "JSON" if is_json else "a form (urlencoded or multipart/form-data)"
+    try:
+        async with asyncio.timeout(limits.body_timeout_s):
+            if is_json:
+                raw = await request.read()
+            else:
+                form = await request.post()
+    except TimeoutError:
+        message = f"Invalid request: the body did not arrive within {limits.body_timeout_s:g} s"
+        raise HttpError(408, message) from None
+    except web.HTTPException:  # 413 from client_max_size: the middleware answers it
+        raise
+    except (asyncio.CancelledError, ConnectionError):
+        raise
+    except Exception as e:  # the multipart and urlencoded parsers raise ValueError, AssertionError, ...
+        raise HttpError(400, f"Invalid request: the body is not valid {what} ({_reason(e)})") from None
+    if is_json:
         try:
-            body = await request.json()
-        except ValueError as e:
-            raise HttpError(400, f"Invalid request: the body is not valid JSON ({e})") from None
+            body = json.loads(raw)
+        except RecursionError:
+            raise HttpError(400, "Invalid request: the JSON body is nested too deeply") from None
+        except ValueError as e:  # includes a body that is not UTF-8
+            raise HttpError(400, f"Invalid request: the body is not valid JSON ({_reason(e)})") from None
         if not isinstance(body, dict):
             raise HttpError(400, "Invalid request: the JSON body must be an object")
-        params.update(body)
-        return params
-    form = await request.post()
+        return body
+    params: dict[str, Any] = {}
     for key in set(form.keys()):
         values = form.getall(key)
         params[key] = values if len(values) > 1 else values[0]
     return params
 
 
+def _reason(e: BaseException) -> str:
+    """An exception as a short line for a client (no traceback, bounded length)."""
+    text = str(e) or type(e).__name__
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+MAX_INT_PARAM = 2**31 - 1  # beyond it a number is no meaningful count or deadline (and 1e400 overflows)
+
+
 def int_param(params: dict[str, Any], name: str, default: int = 0) -> int:
+    """params[name] as an integer 0..MAX_INT_PARAM: an int, an integral finite float (JSON 2.0) or a
+    decimal string; anything else (Infinity, 1e400, 2.5, true, "x", a 5000-digit string) is a 400."""
     value = params.get(name, default)
-    try:
+    number: int | None = None
+    if isinstance(value, bool):
+        number = None
+    elif isinstance(value, int):
+        number = value
+    elif isinstance(value, float):
+        number = int(value) if math.isfinite(value) and value.is_integer() else None
+    elif isinstance(value, str) and re.fullmatch(r"\s*\+?\d{1,10}\s*", value):
         number = int(value)
-    except (TypeError, ValueError):
-        raise HttpError(400, f"Invalid request: {name} must be an integer >= 0, got {value!r}") from None
-    if number < 0 or isinstance(value, bool):
-        raise HttpError(400, f"Invalid request: {name} must be an integer >= 0, got {value!r}")
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+    if number is None or number < 0:
+        raise HttpError(400, f"Invalid request: {name} must be an integer >= 0, got {shown}")
+    if number > MAX_INT_PARAM:
+        raise HttpError(400, f"Invalid request: {name} must be at most {MAX_INT_PARAM}, got {shown}")
     return number
 
 
@@ -120,17 +206,19 @@ class HttpApi:
         metrics: Metrics,
         *,
         auth_token: str = "",
-        max_body_bytes: int = 4 * 1024 * 1024,
+        limits: HttpLimits | None = None,
         serving: Callable[[], bool] = lambda: True,
         shutdown_grace_s: float = 30.0,
     ) -> None:
         self.core = translation
         self.metrics = metrics
         self.token = auth_token.encode()
+        self.limits = limits or HttpLimits()
         self.serving = serving
         self.shutdown_grace_s = shutdown_grace_s
         self.files: OrderedDict[str, tuple[float, str, bytes]] = OrderedDict()
-        self.app = web.Application(client_max_size=max_body_bytes, middlewares=[self._errors])
+        self.app = web.Application(client_max_size=self.limits.max_body_bytes, middlewares=[self._errors])
+        self.app.on_response_prepare.append(self._security_headers)
         self.app.add_routes(
             [
                 web.get("/", self.page),
@@ -143,6 +231,8 @@ class HttpApi:
             ]
         )
         self.runner: web.AppRunner | None = None
+        self.guard: ConnectionGuard | None = None
+        self.listener: asyncio.AbstractServer | None = None
         self.port = 0
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
@@ -151,24 +241,36 @@ class HttpApi:
         # running batch at the next step, as a cancelled gRPC call does. shutdown_timeout: how long
         # requests in flight may finish on stop().
         self.runner = web.AppRunner(
-            self.app, access_log=None, handler_cancellation=True, shutdown_timeout=self.shutdown_grace_s
+            self.app,
+            handler_cancellation=True,
+            shutdown_timeout=self.shutdown_grace_s,
+            **self.limits.handler_kwargs(),
         )
         await self.runner.setup()
-        site = web.TCPSite(self.runner, host, port, ssl_context=ssl_context, reuse_port=False)
+        # The port is opened here rather than by a web.TCPSite: its protocol factory is the
+        # ConnectionGuard (server/http_limits.py: connection cap, header timeout), which aiohttp's sites
+        # do not let one choose. The runner still shuts every connection down on stop().
+        self.guard = ConnectionGuard(self.runner.server, self.limits, self._count_malformed)
+        loop = asyncio.get_running_loop()
         try:
-            await site.start()
+            self.listener = await loop.create_server(
+                self.guard, host, port, ssl=ssl_context, backlog=128, reuse_address=True, reuse_port=False
+            )
         except OSError as e:
             await self.stop()
             reason = os.strerror(e.errno) if e.errno else str(e)
             raise OSError(e.errno, f"cannot serve the HTTP API on {host}:{port}: {reason}") from None
-        self.port = self.runner.addresses[0][1]
+        self.port = self.listener.sockets[0].getsockname()[1]
         return self.port
 
     async def stop(self) -> None:
         """Stop listening; requests in flight get up to shutdown_grace_s to finish."""
+        if self.listener is not None:
+            self.listener.close()  # no new connections; the runner ends the open ones
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None
+        self.listener = None
 
     # ---- plumbing ----------------------------------------------------------------------------------
 
@@ -183,15 +285,46 @@ class HttpApi:
                 raise
             return web.json_response({"error": e.reason}, status=e.status)
 
-    def _authorize(self, request: web.Request, params: dict[str, Any]) -> None:
-        """The bearer token doubles as api_key: in the body/query, or `Authorization: Bearer`."""
+    def _count_malformed(self, message: str) -> None:
+        """A request aiohttp's parser refused (server/http_limits.py): counted as the 400 it got."""
+        self.metrics.requests.labels(rpc="malformed", code="INVALID_ARGUMENT", transport="http").inc()
+
+    @staticmethod
+    async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
+        """On every answer: no MIME sniffing, no referrer, no framing. The page sets its own CSP."""
+        response.headers.setdefault("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'")
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "no-referrer"
+        response.headers["X-Frame-Options"] = "DENY"  # frame-ancestors for browsers without CSP 2
+
+    async def _authorized_params(self, request: web.Request) -> dict[str, Any]:
+        """The request's parameters, once its credentials pass. The bearer token doubles as api_key: in
+        the query or the body, or `Authorization: Bearer`; one rule for all (server/auth.py
+        token_matches), and every credential given must be the token.
+
+        Credentials in the header or the query are checked before the body is read: a wrong one costs
+        no body parsing. Only a request with none there has its (bounded) body read for an api_key."""
         if not self.token:
-            return
-        presented = str(params.get("api_key") or "")
-        scheme, _, value = request.headers.get("Authorization", "").partition(" ")
-        if not presented and scheme.lower() == "bearer":
-            presented = value.strip()
-        if not presented or not hmac.compare_digest(presented.encode(), self.token):
+            return await read_params(request, self.limits)
+        presented: list[Any] = []
+        header = bearer_credentials(request.headers.get("Authorization", ""))
+        if header is not None:
+            presented.append(header)
+        presented.extend(request.query.getall("api_key", []))
+        presented = [p for p in presented if p not in ("", b"")]
+        self._check_credentials(presented)
+        params = await read_params(request, self.limits, check_text=False)
+        body_key = params.get("api_key")
+        if body_key not in (None, "") and body_key not in presented:
+            presented.append(body_key)
+        if not presented:
+            raise HttpError(403, "Invalid API key")
+        self._check_credentials(presented)  # before the text checks: a stranger learns nothing from a 400
+        check_unicode(params)
+        return params
+
+    def _check_credentials(self, presented: list[Any]) -> None:
+        if any(not isinstance(p, str | bytes) or not token_matches(p, self.token) for p in presented):
             raise HttpError(403, "Invalid API key")
 
     async def _serve(self, rpc: str, request: web.Request, work) -> web.StreamResponse:
@@ -202,8 +335,7 @@ class HttpApi:
         status, message = 500, ""
         self.metrics.in_flight.inc()
         try:
-            params = await read_params(request)
-            self._authorize(request, params)
+            params = await self._authorized_params(request)
             response = await work(request, params, request_id, stats)
             status = response.status
             return response
@@ -220,6 +352,18 @@ class HttpApi:
         except asyncio.CancelledError:  # the client hung up (handler_cancellation)
             status, message = 499, "cancelled by client"
             raise
+        except (ValueError, OverflowError, RecursionError) as e:
+            # What client input makes Python's own parsing raise (int() of a 5000-digit string, a float
+            # past 1e308, nesting past the recursion limit) where no check above caught it: the
+            # client's 400, not a 500 with a traceback. The line names where it came from, so the
+            # missing check can still be added where it belongs.
+            status, message = 400, f"Invalid request: {_reason(e)}"
+            frame = e.__traceback__
+            while frame is not None and frame.tb_next is not None:
+                frame = frame.tb_next
+            where = f"{frame.tb_frame.f_code.co_filename}:{frame.tb_lineno}" if frame else "?"
+            log.warning("client input raised %s at %s", type(e).__name__, where)
+            return error_response(HttpError(400, message))
         except Exception as e:
             log.exception("unexpected error in HTTP %s", rpc)
             message = f"internal error: {e}"
@@ -254,7 +398,9 @@ class HttpApi:
     # ---- routes -------------------------------------------------------------------------------------
 
     async def page(self, request: web.Request) -> web.StreamResponse:
-        return web.FileResponse(WEB_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+        html = (WEB_DIR / "index.html").read_bytes()
+        headers = {"Cache-Control": "no-cache", "Content-Security-Policy": page_policy(html)}
+        return web.Response(body=html, content_type="text/html", charset="utf-8", headers=headers)
 
     async def health(self, request: web.Request) -> web.Response:
         serving = self.serving() and self.core.backend is not None
@@ -370,6 +516,30 @@ class HttpApi:
             charset="utf-8",
             headers={"Content-Disposition": f'attachment; filename="{name}"'},
         )
+
+_INLINE = re.compile(rb"<(script|style)>(.*?)</\1>", re.DOTALL)
+
+
+def page_policy(html: bytes) -> str:
+    """The page's Content-Security-Policy: its own inline script and stylesheet by their sha256 (computed
+    from the bytes served, so an edit of the page cannot fall out of step with it) and nothing else;
+    fetches to its own origin only; never framed (the page holds an API-key field)."""
+    hashes: dict[bytes, list[str]] = {b"script": [], b"style": []}
+    for m in _INLINE.finditer(html):
+        digest = base64.b64encode(hashlib.sha256(m.group(2)).digest()).decode()
+        hashes[m.group(1)].append(f"'sha256-{digest}'")
+    return "; ".join(
+        [
+            "default-src 'none'",
+            "script-src " + (" ".join(hashes[b"script"]) or "'none'"),
+            "style-src " + (" ".join(hashes[b"style"]) or "'none'"),
+            "connect-src 'self'",
+            "img-src 'self' data:",
+            "form-action 'self'",
+            "base-uri 'none'",
+            "frame-ancestors 'none'",
+        ]
+    )
 
 
 def server_ssl_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:

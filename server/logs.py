@@ -40,3 +40,39 @@ def setup_logging(level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+
+
+class LoopErrorLimiter:
+    """An asyncio exception handler that logs each kind of error at most once per `every_s` seconds, with
+    how many of that kind were left out since the last line.
+
+    Without it, a process out of file descriptors logged every failed accept() and every connection
+    that could not be set up: 316,415 ERROR lines (161 MB) in 50 s, themselves a way to fill a disk. A
+    kind is the context's message and the exception's type; tracebacks are kept for errors other than
+    OSError (EMFILE and its kin say all there is in one line)."""
+
+    MAX_KINDS = 256  # distinct kinds remembered; past it the oldest is forgotten (bounded memory)
+
+    def __init__(self, every_s: float = 10.0, logger: logging.Logger | None = None) -> None:
+        self.every_s = every_s
+        self.log = logger or logging.getLogger("asyncio")
+        self._last: dict[tuple[str, str], tuple[float, int]] = {}  # kind -> (last logged, left out since)
+
+    def __call__(self, loop: Any, context: dict[str, Any]) -> None:
+        message = str(context.get("message") or "unhandled error in the event loop")
+        exc = context.get("exception")
+        kind = (message, type(exc).__name__ if exc is not None else "")
+        now = time.monotonic()
+        last, left_out = self._last.get(kind, (-float("inf"), 0))
+        if now - last < self.every_s:
+            self._last[kind] = (last, left_out + 1)
+            return
+        self._last.pop(kind, None)
+        while len(self._last) >= self.MAX_KINDS:
+            self._last.pop(next(iter(self._last)))
+        self._last[kind] = (now, 0)
+        fields: dict[str, Any] = {"left_out": left_out, "every_s": self.every_s}
+        if exc is not None:
+            fields["error"] = f"{type(exc).__name__}: {exc}"
+        exc_info = None if exc is None or isinstance(exc, OSError) else (type(exc), exc, exc.__traceback__)
+        self.log.error(message, exc_info=exc_info, extra={"fields": fields})

@@ -58,6 +58,9 @@ KINDS = (
 _PRIORITY = {k: i for i, k in enumerate(KINDS)}
 
 _TAG = re.compile(r"</?[A-Za-z][A-Za-z0-9:_-]*(?:\s[^<>]{0,200})?/?>")
+# A <script> or <style> element, content and all: code, never prose (format=html translated the text
+# inside <script>). Kept as one span of kind "glossary", the hidden kind whose text is put back as it was.
+_RAW_ELEMENT = re.compile(r"<(script|style)(?:\s[^<>]{0,200})?>.*?</\1\s*>", re.IGNORECASE | re.DOTALL)
 _TAG_NAME = re.compile(r"</?([A-Za-z][A-Za-z0-9:_-]*)")
 _ENTITY = re.compile(r"&(?:[A-Za-z][A-Za-z0-9]*|#\d+|#x[0-9A-Fa-f]+);")
 _URL = re.compile(r"\b(?:(?:https?|ftp|file|sftp|ssh|git)://|www\.|mailto:)[^\s<>\"'`]+", re.IGNORECASE)
@@ -272,6 +275,8 @@ def find_spans(
     if glossary is not None and (pat := glossary.pattern()) is not None:
         for m in pat.finditer(text):
             found.append(Span(m.start(), m.end(), "glossary", m.group(0), glossary.target(m.group(0))))
+    for m in _RAW_ELEMENT.finditer(text):
+        found.append(Span(m.start(), m.end(), "glossary", m.group(0), m.group(0)))
     found += _matches(_URL, text, "url")
     found += _matches(_EMAIL, text, "email")
     found += _matches(_TAG, text, "tag")
