@@ -48,6 +48,7 @@ from runtime.po_catalog import (
     nplurals,
     plan,
     read_catalog,
+    read_catalog_file,
     require_msgfmt,
     update_header,
     write_checked,
@@ -172,8 +173,12 @@ class Outcome:
 
 def translate_catalog(run: Run, source: str, target: str) -> Outcome:
     args = run.args
-    text = sys.stdin.read() if source == "-" else None
-    po = read_catalog("stdin" if source == "-" else source, text)
+    if source == "-":
+        # The bytes, parsed as a catalog: never taken for a path (a stdin of "/etc/fstab" is no catalog).
+        stdin = getattr(sys.stdin, "buffer", None)
+        po = read_catalog(stdin.read() if stdin is not None else sys.stdin.read(), "stdin")
+    else:
+        po = read_catalog_file(source)
     out_path = None if target == "-" else Path(target)
     outcome = Outcome(f"{source} -> {target}")
     mode = "all" if args.all else "fuzzy" if args.fuzzy else "untranslated"
@@ -181,7 +186,7 @@ def translate_catalog(run: Run, source: str, target: str) -> Outcome:
     in_place = source != "-" and out_path is not None and Path(source).resolve() == out_path.resolve()
     if out_path is not None and out_path.exists() and not in_place:
         try:
-            resumed = merge_previous(po, read_catalog(target), mode)
+            resumed = merge_previous(po, read_catalog_file(target), mode)
         except CatalogError as e:
             raise UsageError(f"{target}: {e}; choose another OUT or remove it") from None
     outcome.resumed = len(resumed)

@@ -10,6 +10,7 @@ translation is left out).
 from __future__ import annotations
 
 import bisect
+import codecs
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import polib
 
+from runtime import subprocess_run
 from runtime.po_text import (
     CREDIT_MSGIDS,
     catalog_markers,
@@ -29,6 +31,7 @@ from runtime.po_text import (
     place_accelerator,
     strip_accelerator,
 )
+from runtime.subprocess_run import Cancellation, SubprocessCancelled, SubprocessTimeout
 
 LEFT_OUT = "machine translation left out: "
 TRIVIAL_NOTE = "nothing to translate"
@@ -45,6 +48,38 @@ _FIELDS += ("previous_msgid_plural",)
 
 class CatalogError(Exception):
     """A catalog that cannot be read or written as asked (message for the user)."""
+
+
+class CatalogTimeout(CatalogError):
+    """msgfmt ran past CatalogLimits.msgfmt_timeout_s on a catalog."""
+
+
+MAX_PLURAL_FORMS = 6  # the most any language has (Arabic); Spanish has 2
+
+
+@dataclass(frozen=True)
+class CatalogLimits:
+    """What one catalog may cost; the defaults are the client's, the server takes its own from its
+    configuration (server.files.FileLimits)."""
+
+    max_entries: int = 100_000  # msgid lines (obsolete ones too)
+    max_output_bytes: int = 64 * 1024 * 1024  # the catalog as written
+    msgfmt_timeout_s: float = 120.0  # each msgfmt run (its cost grows with entries x plural forms)
+
+
+def run_msgfmt(
+    cmd: list[str], data: bytes | None, limits: CatalogLimits, cancel: Cancellation | None
+) -> subprocess.CompletedProcess[bytes]:
+    """msgfmt through the one subprocess runner: bounded by limits.msgfmt_timeout_s, killed on `cancel`."""
+    try:
+        return subprocess_run.run(cmd, input=data, timeout_s=limits.msgfmt_timeout_s, cancel=cancel)
+    except SubprocessTimeout:
+        raise CatalogTimeout(
+            f"msgfmt took more than {limits.msgfmt_timeout_s:g} s to check this catalog and was stopped: "
+            "split it into smaller catalogs"
+        ) from None
+    except SubprocessCancelled as e:
+        raise CatalogError(str(e)) from None
 
 
 @dataclass
@@ -75,18 +110,108 @@ def has_translation(e: polib.POEntry) -> bool:
     return any(forms(e))
 
 
-def read_catalog(source: str | Path, text: str | None = None) -> polib.POFile:
-    """A .po/.pot from a path, or from `text` (stdin); CatalogError when it does not parse."""
+class _Content:
+    """Catalog text that polib can only take as content. polib.pofile(str) treats a str naming an
+    existing file as a path (its _is_file is os.path.isfile), so an upload whose whole content is
+    `/etc/fstab` would read the server's own file; os.path.isfile raises TypeError for this object,
+    which polib takes for "not a file", and its parser then only calls splitlines()."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def splitlines(self) -> list[str]:
+        return self.text.splitlines()
+
+    def __bool__(self) -> bool:
+        return True
+
+
+_CHARSET = re.compile(rb'"?Content-Type:.+? charset=([\w_\-:\.]+)')
+_ENTRY = re.compile(rb"^[ \t]*(?:#~[ \t]*)?msgid[ \t]", re.MULTILINE)
+_MSGFMT_LINE = re.compile(r"<stdin>:(\d+):(?:\d+:)? (.*)")
+
+
+def decode_catalog(data: bytes, name: str) -> str:
+    """The text of a catalog's bytes, in the charset its header declares (UTF-8 when it declares none or
+    one Python does not know, as msgfmt reads a template's `charset=CHARSET`)."""
+    m = _CHARSET.search(data[:65536])
+    charset = "utf-8"
+    if m:
+        try:
+            charset = codecs.lookup(m.group(1).decode("ascii")).name
+        except (LookupError, UnicodeDecodeError):
+            pass
     try:
-        po = polib.pofile(text if text is not None else str(source), wrapwidth=78)
+        return data.decode("utf-8-sig" if charset == "utf-8" else charset)
+    except UnicodeDecodeError as e:
+        raise CatalogError(f"{name}: not a readable gettext catalog: not {charset} text ({e})") from None
+
+
+def check_syntax(data: bytes, name: str, limits: CatalogLimits, cancel: Cancellation | None = None) -> None:
+    """CatalogError naming the lines when the real `msgfmt` rejects the catalog as it is. polib is
+    lenient where msgfmt is not: it reads `msgid "Save` (no closing quote) as "Sav", and a catalog would
+    come back silently changed."""
+    proc = run_msgfmt(["msgfmt", "--use-fuzzy", "-o", os.devnull, "-"], data, limits, cancel)
+    if proc.returncode == 0:
+        return
+    stderr = proc.stderr.decode("utf-8", "replace")
+    found = [f"line {m.group(1)}: {m.group(2)}" for m in map(_MSGFMT_LINE.match, stderr.splitlines()) if m]
+    found = [f for f in found if ": warning: " not in f] or [stderr.strip()[-300:]]
+    more = f" (and {len(found) - 5} more)" if len(found) > 5 else ""
+    raise CatalogError(f"{name}: not a readable gettext catalog: " + "; ".join(found[:5]) + more)
+
+
+def read_catalog(
+    data: bytes | str,
+    name: str,
+    limits: CatalogLimits | None = None,
+    cancel: Cancellation | None = None,
+) -> polib.POFile:
+    """The one catalog reader: a .po/.pot from its content (bytes as read from a file, an upload or
+    stdin; or str), never from a path. Refused with CatalogError (a message naming `name`): more
+    entries than `limits.max_entries`, text not in its declared charset, anything `msgfmt` rejects
+    (with its line numbers)."""
+    limits = limits or CatalogLimits()
+    raw = data if isinstance(data, bytes) else data.encode("utf-8")
+    entries = len(_ENTRY.findall(raw))
+    if entries > limits.max_entries:
+        raise CatalogError(
+            f"{name}: {entries} entries, more than the {limits.max_entries} a catalog may have here: "
+            "split it into smaller catalogs"
+        )
+    text = decode_catalog(raw, name) if isinstance(data, bytes) else data.removeprefix("\ufeff")
+    require_msgfmt()
+    check_syntax(raw, name, limits, cancel)
+    try:
+        return polib.pofile(_Content(text), encoding="utf-8", wrapwidth=78)
     except (OSError, ValueError, UnicodeDecodeError) as e:
-        raise CatalogError(f"{source}: not a readable gettext catalog: {e}") from None
-    return po
+        raise CatalogError(f"{name}: not a readable gettext catalog: {e}") from None
+
+
+def read_catalog_file(path: str | Path, limits: CatalogLimits | None = None) -> polib.POFile:
+    """read_catalog of a file's bytes (the client's inputs and outputs)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise CatalogError(f"{path}: cannot read it: {e.strerror or e}") from None
+    return read_catalog(data, str(path), limits)
 
 
 def nplurals(po: polib.POFile) -> int:
+    """The number of plural forms the header declares (2, Spanish's, when it declares none). Every
+    plural entry gets that many msgstr forms and msgfmt -c's cost grows with its square, so a number no
+    language has is refused (CatalogError) rather than obeyed."""
     m = re.search(r"nplurals\s*=\s*(\d+)", po.metadata.get("Plural-Forms", ""))
-    return int(m.group(1)) if m and int(m.group(1)) > 0 else 2
+    if not m:
+        return 2
+    digits = m.group(1).lstrip("0") or "0"
+    if len(digits) > 3 or not 1 <= int(digits) <= MAX_PLURAL_FORMS:
+        shown = digits if len(digits) <= 12 else f"{digits[:6]}... ({len(digits)} digits)"
+        raise CatalogError(
+            f"the header's Plural-Forms declares nplurals={shown}: Spanish has 2 plural forms "
+            f"({SPANISH_PLURALS}) and no language has more than {MAX_PLURAL_FORMS}; fix the header"
+        )
+    return int(digits)
 
 
 def left_out_comment(e: polib.POEntry) -> str:
@@ -274,24 +399,28 @@ def render(po: polib.POFile) -> tuple[str, list[int], list[polib.POEntry | None]
     return (text if text.endswith("\n") else text + "\n"), starts, entries
 
 
-def msgfmt_errors(path: str, accel: str) -> list[tuple[int, str]]:
-    """(line, message) of every error of the real `msgfmt -c` (warnings left out). Fuzzy entries are
-    checked too (--use-fuzzy): msgfmt skips them otherwise, and machine output is fuzzy."""
-    cmd = ["msgfmt", "-c", "--use-fuzzy", "-o", os.devnull, path]
+def msgfmt_errors(
+    text: str, accel: str, limits: CatalogLimits | None = None, cancel: Cancellation | None = None
+) -> list[tuple[int, str]]:
+    """(line, message) of every error of the real `msgfmt -c` on the catalog `text` (warnings left
+    out). Fuzzy entries are checked too (--use-fuzzy): msgfmt skips them otherwise, and machine output is
+    fuzzy. The text goes through stdin: no temporary file to hold, whatever its size."""
+    limits = limits or CatalogLimits()
+    cmd = ["msgfmt", "-c", "--use-fuzzy", "-o", os.devnull, "-"]
     if accel:
         cmd[2:2] = [f"--check-accelerators={accel}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    proc = run_msgfmt(cmd, text.encode("utf-8"), limits, cancel)
+    stderr = proc.stderr.decode("utf-8", "replace")
     errors: list[tuple[int, str]] = []
-    prefix = re.compile(re.escape(path) + r":(\d+): (.*)")
-    for line in proc.stderr.splitlines():
-        m = prefix.match(line)
+    for line in stderr.splitlines():
+        m = _MSGFMT_LINE.match(line)
         if m:
             errors.append((int(m.group(1)), m.group(2)))
-        elif errors and not line.startswith(("msgfmt:", path)):
+        elif errors and not line.startswith(("msgfmt:", "<stdin>")):
             errors[-1] = (errors[-1][0], errors[-1][1] + " " + line.strip())
     errors = [(n, msg) for n, msg in errors if not msg.startswith("warning:")]
     if proc.returncode != 0 and not errors:
-        raise CatalogError(f"msgfmt -c failed: {proc.stderr.strip()[-500:]}")
+        raise CatalogError(f"msgfmt -c failed: {stderr.strip()[-500:]}")
     return errors
 
 
@@ -311,38 +440,52 @@ class Checked:
     lines: dict[int, int]  # id(entry) -> first line in `text`
 
 
-def write_checked(po: polib.POFile, path: Path | None, accel: str, jobs: dict[int, Job]) -> Checked:
+def write_checked(
+    po: polib.POFile,
+    path: Path | None,
+    accel: str,
+    jobs: dict[int, Job],
+    limits: CatalogLimits | None = None,
+    cancel: Cancellation | None = None,
+) -> Checked:
     """Write `po` to `path` (None: only render it) so that every entry filled by this run passes
     `msgfmt -c`: each one msgfmt rejects is left out (restored, with a comment), then the catalog is
-    checked again. Written atomically (a temporary file, renamed)."""
+    checked again. Written atomically (a temporary file, renamed). CatalogError when the catalog is
+    larger than `limits.max_output_bytes`."""
+    limits = limits or CatalogLimits()
     left: list[tuple[Job, str]] = []
-    directory = path.parent if path is not None else None
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name if path else 'stdout'}.", suffix=".tmp", dir=directory)
-    os.close(fd)
-    try:
-        for _ in range(5):
-            text, starts, entries = render(po)
-            Path(tmp).write_text(text, encoding="utf-8")
-            others, bad = [], {}
-            for line, message in msgfmt_errors(tmp, accel):
-                e = entries[max(0, bisect.bisect_right(starts, line) - 1)]
-                job = jobs.get(id(e)) if e is not None else None
-                if job is not None and job.filled:
-                    bad.setdefault(id(e), (job, message))
-                else:
-                    others.append((line, message))
-            if not bad:
-                break
-            for job, message in bad.values():
-                leave_out(job, f"msgfmt -c: {message}")
-                left.append((job, message))
-        else:
-            raise CatalogError("msgfmt -c still fails after leaving out the entries it rejected")
-        if path is not None:
+    for _ in range(5):
+        text, starts, entries = render(po)
+        size = len(text.encode("utf-8"))
+        if size > limits.max_output_bytes:
+            raise CatalogError(
+                f"the translated catalog would be {size} bytes, more than the {limits.max_output_bytes} "
+                "allowed: split it into smaller catalogs"
+            )
+        others, bad = [], {}
+        for line, message in msgfmt_errors(text, accel, limits, cancel):
+            e = entries[max(0, bisect.bisect_right(starts, line) - 1)]
+            job = jobs.get(id(e)) if e is not None else None
+            if job is not None and job.filled:
+                bad.setdefault(id(e), (job, message))
+            else:
+                others.append((line, message))
+        if not bad:
+            break
+        for job, message in bad.values():
+            leave_out(job, f"msgfmt -c: {message}")
+            left.append((job, message))
+    else:
+        raise CatalogError("msgfmt -c still fails after leaving out the entries it rejected")
+    if path is not None:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+                f.write(text)
             os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
             os.replace(tmp, path)
-        lines = {id(e): s for e, s in zip(entries, starts, strict=True) if e is not None}
-        return Checked(text, left, others, lines)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    lines = {id(e): s for e, s in zip(entries, starts, strict=True) if e is not None}
+    return Checked(text, left, others, lines)

@@ -29,6 +29,7 @@ from grpc_reflection.v1alpha import reflection_pb2 as reflection_alpha_pb2
 
 from server.auth import BearerTokenInterceptor
 from server.config import ServerConfig
+from server.files import FileLimits
 from server.health import DrainingHealthServicer
 from server.http_api import HttpApi, server_ssl_context
 from server.http_limits import HttpLimits
@@ -225,6 +226,7 @@ class TranslatorServer:
             limits=HttpLimits.from_config(cfg),
             serving=lambda: self.serving,
             shutdown_grace_s=cfg.shutdown_grace_s,
+            file_limits=FileLimits.from_config(cfg),
         )
         context = None
         if cfg.tls_enabled:

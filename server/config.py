@@ -57,6 +57,15 @@ class ServerConfig:
     # gRPC limits: health Watch streams (all connections together) and streams per HTTP/2 connection.
     max_health_watches: int = 100
     grpc_max_streams_per_connection: int = 128
+    # /translate_file limits (server/files.py FileLimits reads these; the defaults are FileLimits').
+    file_max_entries: int = 50_000  # entries of one catalog
+    file_max_output_bytes: int = 16 * 1024 * 1024  # one translated file
+    file_check_timeout_s: float = 30.0  # each msgfmt run on a catalog; killed past it
+    file_workers: int = 2  # threads that parse, fill and check files
+    file_queue_share: float = 0.125  # share of max_queue_segments all files together may hold
+    download_store_bytes: int = 64 * 1024 * 1024  # translated files kept for /download_file
+    download_ttl_s: float = 900.0  # how long a translated file is kept
+    http_public_url: str = ""  # base of download links (https://host/prefix); "" = links relative to the host
     tls_cert: str = ""  # PEM server certificate chain; with tls_key enables TLS
     tls_key: str = ""
     tls_client_ca: str = ""  # PEM CA bundle; set = clients must present a certificate signed by it
@@ -130,6 +139,17 @@ class ServerConfig:
             # Presented tokens are compared without surrounding blanks (server/auth.py): a configured
             # token with one could never match.
             errors.append(f"{setting('auth_token')} must not start or end with a space or tab")
+        for name in ("file_max_entries", "file_max_output_bytes", "file_workers", "download_store_bytes"):
+            if getattr(self, name) < 1:
+                bad(name, ">= 1", getattr(self, name))
+        for name in ("file_check_timeout_s", "download_ttl_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                bad(name, "a finite number > 0", value)
+        if not (math.isfinite(self.file_queue_share) and 0 < self.file_queue_share <= 1):
+            bad("file_queue_share", "a number in (0, 1]", self.file_queue_share)
+        if self.http_public_url and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", self.http_public_url):
+            bad("http_public_url", "an http(s):// URL without query or fragment", self.http_public_url)
         if self.max_texts > self.max_queue_segments:
             errors.append(
                 f"{setting('max_texts')} ({self.max_texts}) must not exceed "
@@ -231,6 +251,18 @@ HELP = {
     "answers RESOURCE_EXHAUSTED",
     "grpc_max_streams_per_connection": "concurrent gRPC streams (calls) per client connection, >= 1 "
     "(HTTP/2 MAX_CONCURRENT_STREAMS; a client queues calls past it)",
+    "file_max_entries": "entries a catalog sent to /translate_file may have, >= 1",
+    "file_max_output_bytes": "largest file /translate_file writes, in bytes, >= 1",
+    "file_check_timeout_s": "seconds (> 0) each msgfmt run on an uploaded catalog may take; it is "
+    "killed past them (504)",
+    "file_workers": "threads that parse, fill and check uploaded files, >= 1 (never on the event loop)",
+    "file_queue_share": "share of --max-queue-segments that all files being translated together may "
+    "keep queued, in (0, 1]; the rest stays free for other clients",
+    "download_store_bytes": "bytes of translated files kept for /download_file, >= 1; when full, new "
+    "uploads get 503 with Retry-After (kept files are never evicted early)",
+    "download_ttl_s": "seconds (> 0) a translated file is kept for /download_file",
+    "http_public_url": "the server's public base URL (https://host/prefix) for download links; empty: "
+    "links are relative to the host the client used (never taken from its Host header)",
     "tls_cert": "PEM server certificate (chain); enables TLS together with --tls-key",
     "tls_key": "PEM server private key",
     "tls_client_ca": "PEM CA certificates; when set, clients must present a certificate signed by one",

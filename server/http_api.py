@@ -21,8 +21,8 @@ import os
 import re
 import ssl
 import time
+import urllib.parse
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,16 @@ from aiohttp import web
 
 from server import translate as core
 from server.auth import bearer_credentials, token_matches
-from server.files import SUFFIXES, translate_file
+from server.files import (
+    SUFFIXES,
+    DownloadStore,
+    FileLimits,
+    FileTranslator,
+    StoreFull,
+    content_disposition,
+    media_type,
+    safe_name,
+)
 from server.http_limits import ConnectionGuard, HttpLimits
 from server.metrics import Metrics
 from server.translate import Failure, OptionRequest, TranslationCore
@@ -62,8 +71,6 @@ CODE_NAMES = {  # HTTP status -> the gRPC code name of the same meaning (metrics
     503: "UNAVAILABLE",
     504: "DEADLINE_EXCEEDED",
 }
-FILES_KEPT = 64  # translated files kept for /download_file
-FILE_TTL_S = 900.0
 
 
 class HttpError(Exception):
@@ -209,6 +216,7 @@ class HttpApi:
         limits: HttpLimits | None = None,
         serving: Callable[[], bool] = lambda: True,
         shutdown_grace_s: float = 30.0,
+        file_limits: FileLimits | None = None,
     ) -> None:
         self.core = translation
         self.metrics = metrics
@@ -216,7 +224,9 @@ class HttpApi:
         self.limits = limits or HttpLimits()
         self.serving = serving
         self.shutdown_grace_s = shutdown_grace_s
-        self.files: OrderedDict[str, tuple[float, str, bytes]] = OrderedDict()
+        self.file_limits = file_limits or FileLimits()
+        self.files = DownloadStore(self.file_limits.store_bytes, self.file_limits.ttl_s)
+        self.file_work = FileTranslator(translation, self.file_limits)
         self.app = web.Application(client_max_size=self.limits.max_body_bytes, middlewares=[self._errors])
         self.app.on_response_prepare.append(self._security_headers)
         self.app.add_routes(
@@ -271,6 +281,9 @@ class HttpApi:
             await self.runner.cleanup()
             self.runner = None
         self.listener = None
+        # After the grace period: kill the msgfmt of any file still being checked (a cancelled request
+        # kills its own) so that no file work outlives the stop.
+        self.file_work.close()
 
     # ---- plumbing ----------------------------------------------------------------------------------
 
@@ -492,30 +505,52 @@ class HttpApi:
         if not isinstance(upload, web.FileField):
             raise HttpError(400, "Invalid request: missing file parameter (a multipart file upload)")
         self._check_languages(params)
-        name = Path(upload.filename or "messages.po").name
-        result = await translate_file(self.core, upload.file.read(), name, OptionRequest(), request_id, stats)
-        stats.update(filled=result.filled, left_out=len(result.left_out))
-        now = time.monotonic()
-        while self.files and (len(self.files) >= FILES_KEPT or next(iter(self.files.values()))[0] < now):
-            self.files.popitem(last=False)
-        file_id = uuid.uuid4().hex
-        self.files[file_id] = (now + FILE_TTL_S, result.name, result.text.encode())
-        url = f"{request.scheme}://{request.host}/download_file/{file_id}/{result.name}"
+        name = safe_name(upload.filename)
+        if not name:
+            raise HttpError(400, f"Invalid request: the file's name {upload.filename!r} has no usable name")
+        try:
+            self.files.require_room()  # a full store refuses before the work, not after it
+            data = upload.file.read()
+            result = await self.file_work.translate(data, name, OptionRequest(), request_id, stats)
+            stats.update(filled=result.filled, left_out=len(result.left_out))
+            file_id = self.files.put(result.name, result.text.encode())
+        except StoreFull as e:
+            return self._store_full(e)
+        path = f"/download_file/{file_id}/{urllib.parse.quote(result.name, safe='')}"
+        # Relative unless a public URL is configured: never built from the client's Host header.
+        url = self.file_limits.public_url.rstrip("/") + path
         return web.json_response(
             {"translatedFileUrl": url, "filled": result.filled, "leftOut": result.left_out}
         )
 
+    def _store_full(self, e: StoreFull) -> web.Response:
+        seconds = max(1, math.ceil(e.retry_after_s))
+        response = error_response(
+            HttpError(
+                503,
+                "the translated files kept for download fill the server's store: "
+                f"retry in {seconds} s (files are kept {self._kept()})",
+            )
+        )
+        response.headers["Retry-After"] = str(seconds)
+        return response
+
+    def _kept(self) -> str:
+        ttl = self.file_limits.ttl_s
+        return f"{ttl / 60:g} minutes" if ttl >= 60 and ttl % 60 == 0 else f"{ttl:g} s"
+
     async def download(self, request: web.Request) -> web.Response:
         item = self.files.get(request.match_info["id"])
-        if item is None or item[0] < time.monotonic():
-            raise HttpError(404, "Invalid request: no such file (files are kept 15 minutes)")
-        _, name, data = item
+        if item is None:
+            raise HttpError(404, f"Invalid request: no such file (files are kept {self._kept()})")
+        name, data = item
         return web.Response(
             body=data,
-            content_type="text/x-gettext-translation" if name.endswith(".po") else "text/plain",
+            content_type=media_type(name),
             charset="utf-8",
-            headers={"Content-Disposition": f'attachment; filename="{name}"'},
+            headers={"Content-Disposition": content_disposition(name)},
         )
+
 
 _INLINE = re.compile(rb"<(script|style)>(.*?)</\1>", re.DOTALL)
 

@@ -189,7 +189,7 @@ def test_translate_file_po(http_server):
     status, _, body = upload(http_server, "app.pot", POT)
     assert status == 200, body
     assert body["translatedFileUrl"].endswith("/app.po") and body["filled"] == 3
-    with urllib.request.urlopen(body["translatedFileUrl"], timeout=10) as r:
+    with urllib.request.urlopen(url(http_server, body["translatedFileUrl"]), timeout=10) as r:
         assert 'filename="app.po"' in r.headers["Content-Disposition"]
         po = polib.pofile(r.read().decode())
     entries = {(e.msgctxt, e.msgid): e for e in po}
@@ -204,7 +204,7 @@ def test_translate_file_po(http_server):
 def test_translate_file_text_and_bad_files(http_server):
     status, _, body = upload(http_server, "notes.txt", "Open the file\n\nSave\n")
     assert status == 200 and body["translatedFileUrl"].endswith("/notes.es.txt")
-    with urllib.request.urlopen(body["translatedFileUrl"], timeout=10) as r:
+    with urllib.request.urlopen(url(http_server, body["translatedFileUrl"]), timeout=10) as r:
         assert r.read().decode() == "Abrir el archivo\n\nGuardar\n"
     status, _, body = upload(http_server, "doc.pdf", "x")
     assert status == 400 and "unsupported file format" in body["error"]

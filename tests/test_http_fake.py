@@ -278,17 +278,16 @@ def test_routes_methods_and_body_size_errors_keep_the_json_shape(http):
 
 
 def test_translated_files_are_kept_for_download(http, monkeypatch):
-    from server import http_api
-
     server = http()
     status, _, body = upload(server, "notes.txt", "Open the file\r\n\n  Save it  \n")
     assert (status, body["filled"], body["leftOut"]) == (200, 2, [])
     link = urllib.parse.urlparse(body["translatedFileUrl"])
-    assert link.path.endswith("/notes.es.txt") and link.netloc == f"127.0.0.1:{server.server.http_port}"
+    assert link.path.endswith("/notes.es.txt") and link.netloc == ""  # relative: never from the Host header
     status, headers, text = call(server, link.path.lstrip("/"))
     assert (status, text) == (200, "file the Open\r\n\n  it Save  \n")
     assert headers["Content-Type"] == "text/plain; charset=utf-8"
-    assert headers["Content-Disposition"] == 'attachment; filename="notes.es.txt"'
+    disposition = "attachment; filename=\"notes.es.txt\"; filename*=UTF-8''notes.es.txt"
+    assert headers["Content-Disposition"] == disposition
     assert server.total("translator_requests_total", rpc="TranslateFile", code="OK", transport="http") == 1
     assert call(server, "download_file/nope/notes.es.txt")[:3:2] == (
         404,
@@ -300,14 +299,15 @@ def test_translated_files_are_kept_for_download(http, monkeypatch):
     assert (
         headers["Content-Type"] == "text/x-gettext-translation; charset=utf-8" and 'msgstr "it Open"' in text
     )
-    # The 64 newest files are kept, and only for 15 minutes.
-    monkeypatch.setattr(http_api, "FILES_KEPT", 2)
-    paths = [
-        urllib.parse.urlparse(upload(server, f"f{i}.txt", "a b")[2]["translatedFileUrl"]).path
-        for i in range(3)
-    ]
-    assert [call(server, p.lstrip("/"))[0] for p in paths] == [404, 200, 200]
-    monkeypatch.setattr(http_api, "FILE_TTL_S", -1.0)
+    # Files are kept for their time, never evicted by newer ones: a full store refuses the new file.
+    store = server.server.http.files
+    monkeypatch.setattr(store, "max_bytes", store.used + 2 * (1024 + 3) + 10)
+    answers = [upload(server, f"f{i}.txt", "a b") for i in range(3)]
+    assert [a[0] for a in answers] == [200, 200, 503]
+    paths = [urllib.parse.urlparse(a[2]["translatedFileUrl"]).path for a in answers[:2]]
+    assert [call(server, p.lstrip("/"))[0] for p in paths] == [200, 200]
+    monkeypatch.setattr(store, "max_bytes", 1 << 30)
+    monkeypatch.setattr(store, "ttl_s", -1.0)
     expired = urllib.parse.urlparse(upload(server, "late.txt", "a b")[2]["translatedFileUrl"]).path
     assert call(server, expired.lstrip("/"))[0] == 404
 
