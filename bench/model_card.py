@@ -4,9 +4,11 @@
 
 One command (`make model-card`) produces every number in the card: it runs `bench.evaluate` on the
 test split (PyTorch reference decoder, side by side with Apertium), then the same sample through the
-serving engine's fp32 and int8 variants, and renders the card from those reports, `data/manifest.json`
+serving engine's fp32 and int8 variants, then the first-five-minutes set of everyday inputs through the
+service's text layer (`bench.everyday`), and renders the card from those reports, `data/manifest.json`
 and the model's `training.json` / `decoding.json`. The reports are kept next to the card
-(`eval.json`, `eval-fp32.json`, `eval-int8.json`). `--no-evaluate` re-renders from the kept reports.
+(`eval.json`, `eval-fp32.json`, `eval-int8.json`, `eval-service.json`, `eval-everyday.json`).
+`--no-evaluate` re-renders from the kept reports.
 """
 
 # ruff: noqa: E501 - the card is prose; its lines are kept whole to read like the Markdown they write
@@ -17,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench import evaluate, unseen_words
+from bench import evaluate, everyday, unseen_words
 from runtime.faithful.terms import read_term_list
 
 REPORTS = {
@@ -25,6 +27,7 @@ REPORTS = {
     "fp32": "eval-fp32.json",
     "int8": "eval-int8.json",
     "service": "eval-service.json",  # fp32 through the text layer: what the service returns
+    "everyday": "eval-everyday.json",  # the first five minutes (bench.everyday), through the text layer too
 }
 
 
@@ -43,6 +46,10 @@ def run_evaluations(args: argparse.Namespace) -> None:
     evaluate.main(
         ["--bundle", str(args.bundle), "--variant", "fp32", "--text-layer", *common, "--common", str(args.common),
          "--json", str(args.model / REPORTS["service"])]
+    )  # fmt: skip
+    everyday.main(
+        ["--bundle", str(args.bundle), "--variant", "fp32", "--data", str(args.data),
+         "--json", str(args.model / REPORTS["everyday"])]
     )  # fmt: skip
 
 
@@ -67,6 +74,43 @@ def _row(name: str, s: dict) -> str:
         f"{common['accepted_percent']:.1f}% ({common['accepted']}/{common['n']}) | {common['repeated_word']} | "
         f"{s['repeated_word']['percent']:.1f}% | {kept} | {s['seconds']:.1f} |"
     )
+
+
+def _first_five_minutes(report: dict) -> list[str]:
+    """The everyday set (bench.everyday): the accepted share per category and overall, the first misses."""
+    overall, overlap = report["overall"], report.get("overlap")
+    seen = (
+        f" {overlap['in_train']} of the {overlap['n']} sources occur verbatim among the training sources."
+        if overlap
+        else ""
+    )
+    out = [
+        "",
+        f"## First five minutes ({overall['n']} everyday inputs, what the service returns)",
+        "",
+        "`python -m bench.everyday`: greetings, politeness, app strings (sign in/up/out, like, share, follow, unmute, "
+        "cart), short sentences and short texts of two or three sentences, written by hand (`bench/data/everyday.jsonl`, "
+        "not taken from any catalog), each with the translations a professional would accept (tú and usted, Spain and "
+        "Latin America). Translated through the text layer with the decoding defaults; accepted when the output is one "
+        f"of them, case, quotes, whitespace, opening ¡¿ and final punctuation aside.{seen}",
+        "",
+        "| category | items | accepted |",
+        "| --- | --- | --- |",
+    ]
+    for category, share in report["categories"].items():
+        out.append(
+            f"| {category} | {share['n']} | {share['percent']:.1f}% ({share['accepted']}/{share['n']}) |"
+        )
+    out.append(
+        f"| **all** | {overall['n']} | **{overall['percent']:.1f}%** ({overall['accepted']}/{overall['n']}) |"
+    )
+    missed = everyday.failures(report)
+    if missed:
+        # a few of each category, so the app strings and the texts show beside the greetings
+        firsts = [row for c in report["categories"] for row in [r for r in missed if r["category"] == c][:3]]
+        shown = "; ".join(f"`{row['source']}` → `{row['output']}`" for row in firsts)
+        out += ["", f"Not accepted ({len(missed)}), the first of each category: {shown}."]
+    return out
 
 
 def _convergence(history: list[dict], train_config: dict) -> str:
@@ -219,6 +263,8 @@ def render(args: argparse.Namespace) -> str:
             f"`{m['source']}` → `{m['output']}` (accepted: {', '.join(m['accepted'])})" for m in misses[:12]
         )
         out += ["", f"Common UI strings missed ({len(misses)}): {shown}."]
+    if "everyday" in reports:
+        out += _first_five_minutes(reports["everyday"])
     out += [
         "",
         "## Data",

@@ -1,0 +1,234 @@
+"""The first-five-minutes set (bench/data/everyday.jsonl) and its scorer (bench.everyday): the set's
+schema, the normaliser and the judge on hand-written cases, and one run on the shipped bundle over a few
+items of each category, through to the model card's section (no assertion on the score itself)."""
+
+import argparse
+import json
+import unicodedata
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from bench import everyday
+from bench.everyday import CATEGORIES, DEFAULT_SET, Item, judge, load_items, normalise, score, select
+from bench.model_card import _first_five_minutes
+from runtime.bundle import load_manifest
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict]:
+    return [json.loads(line) for line in DEFAULT_SET.read_text(encoding="utf-8").splitlines()]
+
+
+# --------------------------------------------------------------------------------------------
+# The set
+
+
+def test_the_set_is_well_formed(rows):
+    assert 300 <= len(rows) <= 400
+    assert all(set(row) == {"id", "category", "source", "accepted"} for row in rows)
+    ids = [row["id"] for row in rows]
+    assert len(set(ids)) == len(ids)
+    counts = Counter(row["category"] for row in rows)
+    assert set(counts) == set(CATEGORIES) and min(counts.values()) >= 30, counts
+    sources = [normalise(row["source"]) for row in rows]  # no two sources the judge would confuse
+    assert len(set(sources)) == len(sources), [s for s, n in Counter(sources).items() if n > 1]
+    for row in rows:
+        assert isinstance(row["accepted"], list) and row["accepted"], row["id"]
+        for text in (row["source"], *row["accepted"]):
+            assert isinstance(text, str) and text and text == text.strip(), (row["id"], text)
+            assert not any(unicodedata.category(c).startswith("C") for c in text), (row["id"], text)
+            assert text == unicodedata.normalize("NFC", text), (row["id"], text)
+        # every listed translation is one the judge can tell from the others
+        assert len({normalise(a) for a in row["accepted"]}) == len(row["accepted"]), row["id"]
+    assert [item.id for item in load_items()] == ids
+
+
+def test_the_set_holds_the_issue_s_examples_and_rejects_their_outputs(rows):
+    by_source = {row["source"]: row["accepted"] for row in rows}
+    failing = {
+        "Hello!": "¡Hela!", "Good morning": "Alimento de madera", "Thank you very much": "Gracias muy muchas",
+        "Sign up": "Firmar", "Like": "Como", "Unmute": "Desmuto",
+    }  # fmt: skip
+    for source, output in failing.items():
+        assert not judge(output, by_source[source]), source
+    assert judge("Muchas gracias", by_source["Thank you very much"])
+    assert judge("Iniciar sesión", by_source["Sign in"]) and judge("Inicia sesión", by_source["Sign in"])
+    for source in (
+        "The weather is nice today.",
+        "I would like a cup of coffee.",
+        "Your session has expired. Please sign in again.",
+    ):
+        assert source in by_source
+    # tú and usted, Spain and Latin America
+    how = by_source["How are you?"]
+    assert judge("¿Cómo estás?", how) and judge("¿Cómo está?", how)
+    slow = by_source["My computer is very slow."]
+    assert judge("Mi ordenador va muy lento.", slow) and judge("Mi computadora está muy lenta.", slow)
+
+
+def test_a_malformed_set_is_refused(tmp_path: Path):
+    good = {"id": "x-1", "category": "app", "source": "Save", "accepted": ["Guardar"]}
+    for bad in (
+        "{not json",
+        json.dumps({**good, "category": "weather"}),
+        json.dumps({**good, "accepted": []}),
+        json.dumps({k: v for k, v in good.items() if k != "source"}),
+    ):
+        path = tmp_path / "set.jsonl"
+        path.write_text(json.dumps(good) + "\n" + bad + "\n", encoding="utf-8")
+        with pytest.raises(ValueError, match=r"set\.jsonl:2"):
+            load_items(path)
+    path.write_text(json.dumps(good) + "\n\n", encoding="utf-8")
+    assert load_items(path) == [Item("x-1", "app", "Save", ("Guardar",))]
+
+
+# --------------------------------------------------------------------------------------------
+# Normaliser and judge
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("¡Hola!", "hola"),
+        ("  ¿Cómo   estás?  ", "cómo estás"),
+        ("Cargando…", "cargando"),
+        ("Cargando...", "cargando"),
+        ("¡¿Qué?!", "qué"),
+        ("Hola. ¿Cómo estás?", "hola. ¿cómo estás"),  # only the opening ¡¿ and the final marks go
+        ("Dar «Me gusta»", 'dar "me gusta"'),
+        ("Dar “Me gusta”", 'dar "me gusta"'),
+        ("It’s ‘fine’", "it's 'fine'"),
+        ("Adio\u0301s", "adiós"),  # decomposed accent, NFC
+        ("INICIAR SESIÓN", "iniciar sesión"),
+        ("Línea\tuno\nlínea dos", "línea uno línea dos"),
+        ("Por favor,", "por favor,"),  # a trailing comma is not final punctuation
+    ],
+)
+def test_normalise(text: str, expected: str):
+    assert normalise(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("output", "accepted", "verdict"),
+    [
+        ("¡Hola!", ["Hola"], True),
+        ("hola", ["¡Hola!"], True),
+        ("Buenos días.", ["Buenos días"], True),
+        ("Iniciar Sesión", ["Iniciar sesión", "Acceder"], True),
+        ('Dar "Me gusta"', ["Dar «Me gusta»"], True),
+        ("Hola, ¿cómo estás?", ["¡Hola! ¿Cómo estás?", "Hola, ¿cómo estás?"], True),
+        ("Iniciar sesion", ["Iniciar sesión"], False),  # accents count
+        ("Por favor espere", ["Por favor, espere"], False),  # so do commas
+        ("Hola ¿cómo estás?", ["Hola, ¿cómo estás?"], False),
+        ("¡Hela!", ["¡Hola!"], False),
+        ("Hola Hola", ["Hola"], False),
+        ("", ["Hola"], False),
+        ("Hola", [], False),
+    ],
+)
+def test_judge(output: str, accepted: list[str], verdict: bool):
+    assert judge(output, accepted) is verdict
+
+
+def test_score_counts_per_category_and_overall():
+    items = [
+        Item("g1", "greeting", "Hello", ("Hola",)),
+        Item("g2", "greeting", "Bye", ("Adiós",)),
+        Item("a1", "app", "Share", ("Compartir",)),
+    ]
+    result = score(items, ["¡Hola!", "Adió", "Compartir"])
+    assert list(result["categories"]) == ["greeting", "app"]  # CATEGORIES order, present ones only
+    assert result["categories"]["greeting"] == {"n": 2, "accepted": 1, "percent": 50.0}
+    assert result["categories"]["app"] == {"n": 1, "accepted": 1, "percent": 100.0}
+    assert result["overall"] == {"n": 3, "accepted": 2, "percent": 66.7}
+    assert [row["accepted"] for row in result["items"]] == [True, False, True]
+    assert everyday.failures(result) == [result["items"][1]]
+    with pytest.raises(ValueError):
+        score(items, ["Hola"])  # one output per item
+
+
+def test_select_takes_the_first_items_of_each_category():
+    items = [Item(f"{c}-{i}", c, f"{c} {i}", ("x",)) for i in range(3) for c in ("app", "multi")]
+    assert [i.id for i in select(items, 2)] == ["app-0", "multi-0", "app-1", "multi-1"]
+    assert select(items, 0) == items
+
+
+def test_training_overlap_counts_normalised_verbatim_sources(tmp_path: Path):
+    items = [Item("g1", "greeting", "Hello!", ("¡Hola!",)), Item("a1", "app", "Sign up", ("Registrarse",))]
+    assert everyday.training_overlap(items, tmp_path) is None  # no corpus: nothing to compare
+    (tmp_path / "train.en").write_text("hello\nSign up for free\nOpen\n", encoding="utf-8")
+    overlap = everyday.training_overlap(items, tmp_path)
+    assert overlap["n"] == 2 and overlap["in_train"] == 1 and overlap["ids"] == ["g1"]
+
+
+# --------------------------------------------------------------------------------------------
+# One run on the shipped bundle, and the model card's section
+
+
+def test_a_run_on_the_shipped_bundle(shipped_bundle: Path, tmp_path: Path, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.en").write_text("Hello!\nSomething else\n", encoding="utf-8")
+    out = tmp_path / "everyday.json"
+    report = everyday.main(
+        ["--bundle", str(shipped_bundle), "--data", str(data), "--limit", "2", "--threads", "1",
+         "--show-failures", "--json", str(out)]
+    )  # fmt: skip
+    assert json.loads(out.read_text(encoding="utf-8")) == json.loads(json.dumps(report))
+
+    n = 2 * len(CATEGORIES)
+    assert report["set"]["items"] == n and len(report["items"]) == n
+    assert list(report["categories"]) == list(CATEGORIES)
+    assert all(share["n"] == 2 for share in report["categories"].values())
+    accepted = sum(row["accepted"] for row in report["items"])
+    assert report["overall"]["n"] == n and report["overall"]["accepted"] == accepted
+    assert sum(share["accepted"] for share in report["categories"].values()) == accepted
+    assert all(set(row) == {"id", "category", "source", "output", "accepted"} for row in report["items"])
+    assert all(isinstance(row["output"], str) for row in report["items"])
+    # the service's path: the text layer with the memory, the bundle's decoding defaults
+    engine = report["engine"]
+    decoding = load_manifest(shipped_bundle, "fp32")["decoding"]
+    assert engine["text_layer"] is True and engine["beam"] == decoding["beam_size"]
+    assert engine["length_penalty"] == decoding["length_penalty"]
+    assert report["overlap"]["in_train"] == 1 and report["overlap"]["ids"] == ["greeting-001"]
+
+    printed = capsys.readouterr().out
+    summary = f"first five minutes: {accepted}/{n} accepted"
+    assert printed.rstrip().splitlines()[-1].startswith(summary)
+    assert f"not accepted ({n - accepted})" in printed or accepted == n
+
+    card = "\n".join(_first_five_minutes(report))
+    assert f"## First five minutes ({n} everyday inputs" in card
+    assert f"({accepted}/{n}) |" in card and "1 of the 10 sources occur verbatim" in card
+    for category, share in report["categories"].items():
+        assert f"| {category} | 2 | {share['percent']:.1f}% ({share['accepted']}/2) |" in card
+
+
+def test_make_model_card_runs_the_set_through_the_service_s_path(monkeypatch, tmp_path: Path):
+    from bench import model_card
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(model_card.evaluate, "main", lambda argv: None)  # the test split: not this test's
+    monkeypatch.setattr(model_card.everyday, "main", calls.append)
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "manifest.json").write_text(json.dumps({"variants": {"fp32": {}}}), encoding="utf-8")
+    model, data = tmp_path / "model", tmp_path / "data"
+    model_card.run_evaluations(
+        argparse.Namespace(model=model, data=data, bundle=bundle, n=10, beam=4, common=5, no_apertium=True)
+    )
+    assert calls == [
+        [
+            "--bundle",
+            str(bundle),
+            "--variant",
+            "fp32",
+            "--data",
+            str(data),
+            "--json",
+            str(model / "eval-everyday.json"),
+        ]
+    ]
+    assert model_card.REPORTS["everyday"] == "eval-everyday.json"
