@@ -10,7 +10,9 @@ import asyncio
 import email.message
 import io
 import os
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -245,6 +247,64 @@ def test_a_stop_during_a_file_check_ends_it(http, slow_msgfmt):
         time.sleep(0.05)
     assert not any(t.name.startswith("file-work") for t in threading.enumerate())
     client.join(10)
+
+
+SERVE_WITH_FAKE_ENGINE = """
+import sys
+import server.app
+from tests.fake_engine import FakeEngine
+server.app.default_engine_factory = lambda bundle_dir, config: FakeEngine(step_s=0)
+from server.__main__ import exit_with, main
+exit_with(main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_during_a_file_check_exits_within_the_grace_period(slow_msgfmt, tmp_path):
+    """python -m server as Kubernetes stops it: SIGTERM while msgfmt checks an upload. It used to log
+    "stopped" and live until msgfmt ended (asyncio.run waited for the default executor)."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "manifest.json").write_text("{}\n")
+    port = free_port()
+    args = ["--model-dir", str(bundle), "--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1"]
+    args += ["--http-port", str(port), "--no-warmup", "--shutdown-grace-s", "2", "--log-level", "WARNING"]
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVE_WITH_FAKE_ENGINE, *args],
+        cwd=root,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        server = types.SimpleNamespace(server=types.SimpleNamespace(http_port=port))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if call(server, "health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None, proc.stderr.read().decode()
+            time.sleep(0.2)
+
+        def send() -> None:
+            try:
+                upload(server, "app.po", CATALOG)
+            except OSError:
+                pass
+
+        threading.Thread(target=send, daemon=True).start()
+        (pid,) = started_pids(slow_msgfmt)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=20)
+        assert (code, time.monotonic() - started < 2 + 6) == (0, True)
+        assert wait_dead(pid, 5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        proc.stderr.close()
 
 
 # ---- 7. the download store ---------------------------------------------------------------------------
