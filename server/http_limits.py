@@ -30,9 +30,10 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 log = logging.getLogger("server.requests")
+CLIENT_FAULTS = (HttpProcessingError, RequestPayloadError)  # bytes the client sent that do not parse
 
 
 def open_files_limit() -> int:
@@ -170,6 +171,21 @@ class GuardedConnection(RequestHandler):
         if self._request_count == self._head_count and not self._request_in_progress:
             log.debug("closing an HTTP connection: no complete request head in time")
             self.force_close()
+
+    def log_exception(self, *args: Any, **kwargs: Any) -> None:
+        """aiohttp logs with a traceback whatever escapes a connection, the client's own bad bytes too:
+        after an answer sent before the body was read, the lingering read of the rest re-raises a body
+        the parser refused (bad chunking, a Content-Encoding that does not decode). That is one debug
+        line; anything else keeps its traceback."""
+        cause = kwargs.get("exc_info")
+        for _ in range(8):  # down the chain of causes (bounded: a chain may loop)
+            if not isinstance(cause, BaseException) or isinstance(cause, CLIENT_FAULTS):
+                break
+            cause = cause.__cause__ or cause.__context__
+        if isinstance(cause, CLIENT_FAULTS):
+            log.debug("dropped an HTTP connection: %s", cause)
+            return
+        super().log_exception(*args, **kwargs)
 
     def handle_error(
         self,

@@ -2,6 +2,11 @@
 Unicode category and any option values get OK or a clear client error, never INTERNAL or UNKNOWN; the
 server keeps serving, and a well-formed client running alongside gets exactly its quiet-run answers.
 
+The HTTP API gets the same treatment from raw sockets (tests/http_fuzz.py): JSON of every shape and
+depth, forms, multipart bodies whole and broken, hostile headers, malformed HTTP, and gettext catalogs of
+every shape for /translate_file; never a 500 and never a traceback in the log, a well-behaved HTTP client
+beside it gets its quiet-run answers, and the process's open descriptors and RSS come back.
+
     make fuzz                                   # FUZZ_EXAMPLES=10000 by default
     FUZZ_EXAMPLES=200 python -m pytest tests/test_fuzz.py
 """
@@ -16,8 +21,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from client.load import free_port
 from proto.gen.translator.v1 import translator_pb2 as pb
 from proto.gen.translator.v1 import translator_pb2_grpc as pb_grpc
+from tests import http_fuzz
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "60"))
 # Answers a client can get for what it sent; anything else (INTERNAL, UNKNOWN) is a server defect.
@@ -127,3 +134,59 @@ def test_fuzzed_requests_never_break_the_server_or_a_well_formed_client(stub):
         t.hypotheses[0].text for t in stub.Translate(pb.TranslateRequest(texts=VICTIM_TEXTS)).translations
     ]
     assert again == quiet
+
+
+# ---- the HTTP API --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def http_fuzz_server(start_server, shipped_bundle):
+    """The shipped model behind the HTTP port, with short timeouts (a fuzzed Content-Length larger than
+    the body waits for the body timeout)."""
+    return start_server(shipped_bundle, http_port=free_port(), http_body_timeout_s=2, http_header_timeout_s=2)
+
+
+def test_fuzzed_http_requests_never_break_the_server_or_a_well_formed_client(http_fuzz_server):
+    server = http_fuzz_server
+    port = server.server.http_port
+    quiet = http_fuzz.victim_answer(port)
+    errors = http_fuzz.ErrorLog()
+    seen: dict[int, int] = {}
+
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        derandomize=EXAMPLES <= 200,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(request=http_fuzz.http_requests())
+    def fuzz(request: bytes) -> None:
+        status, body = http_fuzz.send(port, request)
+        assert status is not None, ("no answer", request[:300])
+        assert status != 500 and status in http_fuzz.CLIENT_STATUSES, (status, body[:300], request[:300])
+        if status >= 400 and status != 404 and not request.startswith(b"HEAD "):  # HEAD: no body
+            assert body.startswith(b'{"error": "'), (status, body[:200])
+        seen[status] = seen.get(status, 0) + 1
+
+    with errors:
+        for _ in range(3):  # warm-up: what the first requests allocate once is no leak
+            http_fuzz.victim_answer(port)
+        start = http_fuzz.resources(server)
+        victim = http_fuzz.HttpVictim(port, quiet)
+        victim.start()
+        try:
+            fuzz()
+        finally:
+            victim.stop.set()
+            victim.join(120)
+        end = http_fuzz.settled_resources(server, start)
+    assert not errors.records, errors.records[:3]
+    assert victim.answers and all(a == quiet for a in victim.answers), victim.answers[:3]
+    assert seen.get(200, 0) > 0 and seen.get(400, 0) > 0, seen
+    assert server.total("translator_requests_total", code="INTERNAL", transport="http") == 0
+    assert end["fds"] <= start["fds"], (start, end)
+    assert end["rss_mb"] <= start["rss_mb"] + http_fuzz.RSS_SLACK_MB, (start, end)
+    assert end["http_connections"] == 0, end
+    assert http_fuzz.victim_answer(port) == quiet
+    statuses = dict(sorted(seen.items()))
+    print(f"HTTP fuzz: {sum(seen.values())} requests, statuses {statuses}; resources {start} -> {end}")

@@ -95,32 +95,67 @@ HOSTILE_BODIES = [
     # (what, body, content type, the words the message must hold)
     ("lone surrogate in q", b'{"q": "a \\ud800 b", "source": "en", "target": "es"}', JSON, "'q'"),
     ("lone surrogate in a list", b'{"q": ["x", "\\udfff"], "source": "en", "target": "es"}', JSON, "'q'"),
-    ("alternatives Infinity", b'{"q": "a", "source": "en", "target": "es", "alternatives": Infinity}',
-     "application/json", "alternatives"),
-    ("alternatives 1e400", b'{"q": "a", "source": "en", "target": "es", "alternatives": 1e400}',
-     "application/json", "alternatives"),
-    ("timeout_ms Infinity", b'{"q": "a", "source": "en", "target": "es", "timeout_ms": Infinity}',
-     "application/json", "timeout_ms"),
-    ("timeout_ms 1e400", b'{"q": "a", "source": "en", "target": "es", "timeout_ms": 1e400}',
-     "application/json", "timeout_ms"),
-    ("timeout_ms 10**30", b'{"q": "a", "source": "en", "target": "es", "timeout_ms": 1' + b"0" * 30 + b"}",
-     "application/json", "timeout_ms"),
-    ("timeout_ms -Infinity as form", b"q=a&source=en&target=es&timeout_ms=-Infinity",
-     "application/x-www-form-urlencoded", "timeout_ms"),
+    (
+        "alternatives Infinity",
+        b'{"q": "a", "source": "en", "target": "es", "alternatives": Infinity}',
+        "application/json",
+        "alternatives",
+    ),
+    (
+        "alternatives 1e400",
+        b'{"q": "a", "source": "en", "target": "es", "alternatives": 1e400}',
+        "application/json",
+        "alternatives",
+    ),
+    (
+        "timeout_ms Infinity",
+        b'{"q": "a", "source": "en", "target": "es", "timeout_ms": Infinity}',
+        "application/json",
+        "timeout_ms",
+    ),
+    (
+        "timeout_ms 1e400",
+        b'{"q": "a", "source": "en", "target": "es", "timeout_ms": 1e400}',
+        "application/json",
+        "timeout_ms",
+    ),
+    (
+        "timeout_ms 10**30",
+        b'{"q": "a", "source": "en", "target": "es", "timeout_ms": 1' + b"0" * 30 + b"}",
+        "application/json",
+        "timeout_ms",
+    ),
+    (
+        "timeout_ms -Infinity as form",
+        b"q=a&source=en&target=es&timeout_ms=-Infinity",
+        "application/x-www-form-urlencoded",
+        "timeout_ms",
+    ),
     ("100k-deep JSON", DEEP, "application/json", "nested too deeply"),
     ("JSON not UTF-8", b'{"q": "\xff\xfe"}', "application/json", "not valid JSON"),
-    ("multipart without its closing boundary",
-     multipart("BB", form_parts("BB", Q), end=False), "multipart/form-data; boundary=BB", "form"),
+    (
+        "multipart without its closing boundary",
+        multipart("BB", form_parts("BB", Q), end=False),
+        "multipart/form-data; boundary=BB",
+        "form",
+    ),
     ("multipart without boundary=", multipart("BB", form_parts("BB", Q)), "multipart/form-data", "form"),
-    ("multipart part header over 8190 bytes",
-     f'--BB\r\nContent-Disposition: form-data; name="q"\r\nX-Long: {"x" * 9000}\r\n\r\na\r\n--BB--\r\n'
-     .encode(),
-     "multipart/form-data; boundary=BB", "form"),
-    ("multipart with an unknown charset",
-     b'--BB\r\nContent-Disposition: form-data; name="q"\r\n'
-     b"Content-Type: text/plain; charset=nope\r\n\r\na\r\n--BB--\r\n",
-     "multipart/form-data; boundary=BB", ""),
-]  # fmt: skip
+    (
+        "multipart part header over 8190 bytes",
+        b'--BB\r\nContent-Disposition: form-data; name="q"\r\nX-Long: '
+        + b"x" * 9000
+        + b"\r\n\r\na\r\n--BB--\r\n",
+        "multipart/form-data; boundary=BB",
+        "form",
+    ),
+    (
+        "multipart with an unknown charset",
+        b'--BB\r\nContent-Disposition: form-data; name="q"\r\n'
+        b"Content-Type: text/plain; charset=nope\r\n\r\na\r\n--BB--\r\n",
+        "multipart/form-data; boundary=BB",
+        "",
+    ),
+]
 
 
 def test_hostile_bodies_are_400s_with_a_message_never_500s_or_tracebacks(http, caplog):
