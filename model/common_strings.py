@@ -20,6 +20,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from model.dictionaries import software_packages
+
 MIN_PACKAGES_PER_ANSWER = 2
 _FINAL_PUNCTUATION = ".:!?…;, \u00a0"
 _WORD = re.compile(r"[^\W\d_]{3,}")
@@ -50,7 +52,9 @@ def common_strings(records: Iterable[dict], n: int = 200) -> list[CommonString]:
     source_packages: dict[str, set[str]] = defaultdict(set)
     answer_packages: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     for record in records:
-        packages = record.get("packages") or [record["package"]]
+        packages = software_packages(record.get("packages") or [record["package"]])
+        if not packages:
+            continue  # a dictionary's word pair, not a string a program ships
         source_packages[record["source"]].update(packages)
         answer_packages[record["source"]][normalise_answer(record["target"])].update(packages)
     ranked = sorted(source_packages, key=lambda s: (-len(source_packages[s]), s))

@@ -1,10 +1,12 @@
 """Build the EN->ES parallel corpus from Debian packages.
 
-Two sources, both human-translated and reachable from any Debian 12 machine:
+Three sources, all human-translated and reachable from any Debian 12 machine:
   1. gettext catalogs (``*/es/LC_MESSAGES/*.mo``, ``es_ES`` too) inside the packages ranked in
      ``shared/data/debian-l10n-packages.tsv``;
   2. LibreOffice help (``libreoffice-help-es`` vs ``libreoffice-help-en-us``), paragraphs aligned by
-     their HTML ``id``.
+     their HTML ``id``;
+  3. bilingual dictionaries (Apertium's ``apertium-eng-spa``, FreeDict's ``dict-freedict-eng-spa``):
+     words and phrases, training split only (model/dictionaries.py; ``--no-dictionaries`` leaves them out).
 
 Packages are fetched with ``apt-get download`` (cached) and read with ``dpkg-deb --fsys-tarfile``
 without installing anything. Pairs are cleaned, deduplicated and split by package family into
@@ -34,6 +36,15 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from model.dictionaries import (
+    APERTIUM_BIDIX,
+    APERTIUM_PACKAGE,
+    DICTIONARY_PACKAGES,
+    FREEDICT_FILES,
+    apertium_pairs,
+    dictionary_variants,
+    freedict_pairs,
+)
 from runtime.bundle import sha256_file
 from runtime.catalog import ACCELERATOR_MARKERS, CREDIT_MSGIDS
 from runtime.splits import escape_line, read_split, source_sentences, unescape_line  # noqa: F401 - re-exported
@@ -51,7 +62,8 @@ TEST_PERCENT = 5
 SPLITS = ("train", "valid", "test")
 # LibreOffice (UI catalogs + help) is a third of all pairs; were it held out, training would lose its
 # largest domain, so it is pinned to train and the hash decides every other family.
-PINNED_TRAIN_FAMILIES = frozenset({"libreoffice"})
+# The dictionaries (families "apertium" and "dict") are no software package: training data only.
+PINNED_TRAIN_FAMILIES = frozenset({"libreoffice", "apertium", "dict"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -422,9 +434,38 @@ def read_help_packages(es_deb: Path, en_deb: Path) -> tuple[list[Pair], Counter]
     return pairs, dropped
 
 
+def read_dictionary_package(package: str, deb: Path, scratch: Path) -> tuple[list[Pair], Counter]:
+    """Word and phrase pairs of a bilingual dictionary package (model/dictionaries.py), cleaned like
+    catalog pairs; the origin names the dictionary and the part of speech."""
+    version = deb_version(deb)
+    if package == APERTIUM_PACKAGE:
+        bidix = dict(iter_deb_members(deb, APERTIUM_BIDIX))
+        entries = apertium_pairs(next(iter(bidix.values())), scratch) if bidix else iter(())
+    else:
+        files = {
+            ("index" if path.endswith(".index") else "dict"): data
+            for path, data in iter_deb_members(deb, FREEDICT_FILES)
+        }
+        entries = (
+            freedict_pairs(files["index"].decode("utf-8"), files["dict"]) if len(files) == 2 else iter(())
+        )
+    pairs, dropped = [], Counter()
+    for en, es, pos in entries:
+        for source, target in dictionary_variants(en, es):
+            cleaned = clean_pair(source, target)
+            if isinstance(cleaned, str):
+                dropped[cleaned] += 1
+            else:
+                origin = f"{package}:{pos}" if pos else package
+                pairs.append(Pair(cleaned[0], cleaned[1], package, version, origin))
+    return pairs, dropped
+
+
 def _read_job(job: tuple[str, ...]) -> tuple[list[Pair], Counter]:
     if job[0] == "help":
         return read_help_packages(Path(job[1]), Path(job[2]))
+    if job[0] == "dictionary":
+        return read_dictionary_package(job[1], Path(job[2]), Path(job[3]))
     return read_catalog_package(job[1], Path(job[2]))
 
 
@@ -493,13 +534,20 @@ def write_splits(out: Path, splits: dict[str, list[Pair]]) -> dict[str, dict[str
     return checksums
 
 
-def build(out: Path, package_list: Path, top: int, cache_dir: Path, workers: int = 2) -> dict:
+def build(
+    out: Path, package_list: Path, top: int, cache_dir: Path, workers: int = 2, dictionaries: bool = True
+) -> dict:
     started = time.time()
     packages = read_package_list(package_list, top)
-    debs = download_packages(packages + list(HELP_PACKAGES), cache_dir)
+    extra = list(HELP_PACKAGES) + (list(DICTIONARY_PACKAGES) if dictionaries else [])
+    debs = download_packages(packages + extra, cache_dir)
     jobs: list[tuple[str, ...]] = [("mo", p, str(debs[p])) for p in packages if p in debs]
     if all(p in debs for p in HELP_PACKAGES):
         jobs.insert(0, ("help", str(debs[HELP_PACKAGES[0]]), str(debs[HELP_PACKAGES[1]])))
+    if dictionaries:
+        jobs += [
+            ("dictionary", p, str(debs[p]), str(out / "cache")) for p in DICTIONARY_PACKAGES if p in debs
+        ]
     all_pairs: list[Pair] = []
     dropped: Counter = Counter()
     versions = {p: debs[p].name.split("_")[1].replace("%3a", ":") for p in debs}
@@ -518,7 +566,8 @@ def build(out: Path, package_list: Path, top: int, cache_dir: Path, workers: int
         for pair in pairs:
             per_package[pair.package][name] += 1
     manifest = {
-        "sources": "Debian 12 gettext catalogs (es, es_ES) and LibreOffice help (es vs en-US)",
+        "sources": "Debian 12 gettext catalogs (es, es_ES) and LibreOffice help (es vs en-US)"
+        + (f"; dictionaries {', '.join(DICTIONARY_PACKAGES)} (train only)" if dictionaries else ""),
         "top_packages": top,
         "split_rule": f"sha256('{SPLIT_SALT}:' + family) % 100: <{TEST_PERCENT} test, "
         f"<{TEST_PERCENT + VALID_PERCENT} valid, else train; "
@@ -551,9 +600,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top", type=int, default=150, help="how many of the ranked packages to use")
     parser.add_argument("--cache", type=Path, default=None, help="where .deb downloads are kept")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--no-dictionaries", action="store_true", help="leave out the bilingual dictionaries (catalogs only)"
+    )
     args = parser.parse_args(argv)
     cache = args.cache or args.out / "cache" / "debs"
-    manifest = build(args.out, args.packages, args.top, cache.resolve(), args.workers)
+    manifest = build(
+        args.out,
+        args.packages,
+        args.top,
+        cache.resolve(),
+        args.workers,
+        dictionaries=not args.no_dictionaries,
+    )
     counts = manifest["counts"]
     print(
         f"corpus: {manifest['pairs_after_dedupe']} unique pairs -> train {counts['train']}, "

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from model.dictionaries import software_packages
 from runtime.faithful.memory import MEMORY_FILE, write_memory
 
 MIN_PACKAGES = 1
@@ -36,11 +37,15 @@ MIN_SHARE = 0.5
 
 
 def read_pairs(jsonl: Path) -> Iterator[tuple[str, str, int]]:
-    """(source, target, packages shipping the pair) for every row of a split's jsonl."""
+    """(source, target, software packages shipping the pair) for every row of a split's jsonl.
+
+    A pair only the bilingual dictionaries give is no translation a program ships: it is left out."""
     with jsonl.open(encoding="utf-8") as f:
         for line in f:
             row = json.loads(line)
-            yield row["source"], row["target"], max(1, len(row.get("packages") or []))
+            packages = software_packages(row.get("packages") or [row.get("package", "")])
+            if packages:
+                yield row["source"], row["target"], len(packages)
 
 
 def select(

@@ -89,11 +89,14 @@ def learning_rate(
 
     A cooldown ends a run: from `cooldown_start` the rate falls linearly to 0 over `cooldown` steps (the
     "decay" of warmup-stable-decay schedules): the inverse-square-root tail alone never settles."""
+    step = max(step, 1)
     if cooldown and step > cooldown_start:
         left = max(0.0, 1.0 - (step - cooldown_start) / cooldown)
-        return learning_rate(cooldown_start, peak, warmup, start_step, rewarm) * left
-    step = max(step, 1)
-    rate = peak * min(step / warmup, math.sqrt(warmup / step))
+        rate = learning_rate(cooldown_start, peak, warmup) * left
+    else:
+        rate = peak * min(step / warmup, math.sqrt(warmup / step))
+    # The re-warm ramp multiplies whatever the schedule says, so a cooldown may start with the run
+    # (a fine-tune from a release: --init-from with --cooldown N decays from the release's rate).
     if rewarm and step <= start_step + rewarm:
         rate *= max(step - start_step, 1) / rewarm
     return rate

@@ -44,6 +44,12 @@ def test_learning_rate_warms_up_decays_and_rewarms_a_continued_run():
     )
     assert learning_rate(10000, 1e-3, 1000, cooldown_start=9000, cooldown=1000) == 0.0
     assert learning_rate(12000, 1e-3, 1000, cooldown_start=9000, cooldown=1000) == 0.0
+    # a fine-tune whose cooldown starts with it: re-warmed, then linear from the release's rate to 0
+    fine_tune = {"start_step": 9000, "rewarm": 100, "cooldown_start": 9000, "cooldown": 1000}
+    assert learning_rate(9001, 1e-3, 1000, **fine_tune) == pytest.approx(at_9000 * 0.999 / 100)
+    assert learning_rate(9100, 1e-3, 1000, **fine_tune) == pytest.approx(0.9 * at_9000)
+    assert learning_rate(9500, 1e-3, 1000, **fine_tune) == pytest.approx(0.5 * at_9000)
+    assert learning_rate(10000, 1e-3, 1000, **fine_tune) == 0.0
 
 
 @pytest.fixture(scope="module")
