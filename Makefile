@@ -9,7 +9,7 @@ DATA ?= data
 # The tokenizer `make train` trains with: the shipped one unless told (see `make tokenizer`).
 TOKENIZER ?= $(MODEL)/tokenizer.model
 
-.PHONY: help install system-deps run serve bundle corpus data-check tokenizer train release average keep-terms memory tune-decoding evaluate model-card bench bench-batching proto lint test stack-test fuzz soak mutation clean
+.PHONY: help install system-deps run serve bundle corpus data-check tokenizer train release average keep-terms memory lexicon tune-decoding evaluate model-card bench bench-batching proto lint test stack-test fuzz soak mutation clean
 
 # Every target, one line each (tests/test_cli.py checks that none is missing).
 help:
@@ -18,7 +18,7 @@ help:
 	@echo "                       (installs .venv and exports $(BUNDLE)/ on first use); make serve is the same"
 	@echo "  make bundle          export $(MODEL) to the ONNX bundle $(BUNDLE)/ (only when the model changed)"
 	@echo "  make install         create .venv/ with the package and its train + dev extras (pyproject.toml)"
-	@echo "  make system-deps     apt-get install prometheus, apertium, nginx, docker-compose, gettext, chromium (tests; root)"
+	@echo "  make system-deps     apt-get install prometheus, apertium, nginx, docker-compose, gettext, chromium, hunspell-es (tests; root)"
 	@echo "Develop:"
 	@echo "  make test            lint + the whole test suite"
 	@echo "  make stack-test      build the images, run the compose stack (podman or Docker) and check it end to end"
@@ -29,7 +29,7 @@ help:
 	@echo "  make proto           regenerate proto/gen/ from proto/translator/v1/translator.proto"
 	@echo "  make clean           DELETE .venv/ and bundles/ (the next make run reinstalls and re-exports) and caches"
 	@echo "Model pipeline (all but corpus need $(DATA)/ from make corpus; data-check says so):"
-	@echo "  make corpus          build the EN-ES corpus from Debian packages into $(DATA)/ (about 1 minute)"
+	@echo "  make corpus          build the EN-ES corpus from Debian packages into $(DATA)/ (~1.5 min cached, ~4 cold)"
 	@echo "  make data-check      exit 2, naming the command to run, when $(DATA)/ has no corpus"
 	@echo "  make tokenizer       train a SentencePiece model into runs/tokenizer/ (the shipped one stays)"
 	@echo "  make train           train the small model into runs/en-es-small/ (TRAIN_ARGS=--resume continues)"
@@ -37,6 +37,7 @@ help:
 	@echo "  make release         copy the run's best weights (or RELEASE=dir) and their tokenizer into $(MODEL)/"
 	@echo "  make keep-terms      learn the do-not-translate list and source words into $(MODEL)/ (~20 s)"
 	@echo "  make memory          the translation memory (Debian's agreed translations) into $(MODEL)/ (~10 s)"
+	@echo "  make lexicon         the Spanish word list of the lexical guard (hunspell-es expanded) into $(MODEL)/ (~10 s)"
 	@echo "  make tune-decoding   choose the decoding defaults of $(MODEL) on the valid split (its decoding.json)"
 	@echo "  make evaluate        score $(MODEL) on the test split against Apertium into runs/eval.json"
 	@echo "  make model-card      evaluate $(MODEL) (test, UI strings, fp32/int8) and write its MODEL_CARD.md"
@@ -64,12 +65,13 @@ install: $(VENV)/.installed
 # an engine).
 system-deps:
 	@command -v promtool >/dev/null && command -v apertium >/dev/null && command -v nginx >/dev/null \
+	  && [ -e /usr/share/hunspell/es_ES.dic ] && command -v lt-print >/dev/null \
 	  && command -v docker-compose >/dev/null && command -v msgfmt >/dev/null \
 	  && command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	    prometheus apertium apertium-eng-spa nginx docker-compose gettext chromium chromium-driver >/dev/null; }
+	    prometheus apertium apertium-eng-spa nginx docker-compose gettext chromium chromium-driver hunspell-es lttoolbox-dev >/dev/null; }
 
-$(BUNDLE)/manifest.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(MODEL)/tokenizer.model $(MODEL)/decoding.json $(wildcard $(MODEL)/keep_terms.txt $(MODEL)/source_words.txt $(MODEL)/memory.jsonl.gz) | install
+$(BUNDLE)/manifest.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(MODEL)/tokenizer.model $(MODEL)/decoding.json $(wildcard $(MODEL)/keep_terms.txt $(MODEL)/source_words.txt $(MODEL)/memory.jsonl.gz $(MODEL)/lexicon.txt.gz) | install
 	$(PY) -m export --checkpoint $(MODEL) --out $(BUNDLE)
 
 bundle: $(BUNDLE)/manifest.json
@@ -82,7 +84,10 @@ run serve: install
 	@if [ -z "$$TRANSLATOR_MODEL_DIR" ]; then $(MAKE) --no-print-directory bundle; fi
 	TRANSLATOR_HTTP_PORT=$${TRANSLATOR_HTTP_PORT:-5000} $(PY) -m server
 
+# lt-print (Debian's lttoolbox-dev) reads Apertium's compiled bilingual dictionary, one of the sources.
 corpus: install
+	@command -v lt-print >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends lttoolbox-dev >/dev/null; }
 	$(PY) -m model.corpus --out $(DATA)
 
 # A new tokenizer goes to runs/tokenizer/, never over $(MODEL)/tokenizer.model: the shipped weights only
@@ -120,6 +125,10 @@ keep-terms: data-check install
 # The translation memory: each training source with the translation Debian's packages agree on.
 memory: data-check install
 	$(PY) -m model.memory --data $(DATA) --out $(MODEL)/memory.jsonl.gz
+
+# The lexical guard's word list: every form of Debian's hunspell-es (make system-deps installs it).
+lexicon: install
+	$(PY) -m model.lexicon --out $(MODEL)/lexicon.txt.gz
 
 # Decoding defaults, chosen on the valid split through the engine, written to $(MODEL)/decoding.json.
 tune-decoding: data-check install bundle

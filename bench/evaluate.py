@@ -14,7 +14,10 @@ What it reports, for the model and (``--apertium``) for Apertium on the very sam
     word repeated more often than in the reference), on the sample and on the common strings;
   * placeholder preservation: among sources with placeholders (``runtime.tokenizer.find_placeholders``:
     printf/Qt/brace/Python/shell placeholders, markup tags, entities), the share whose placeholders all
-    appear unchanged in the output, as a multiset.
+    appear unchanged in the output, as a multiset;
+  * non-words, for each system and for the human references side by side: the share of outputs with a
+    word in no dictionary of the lexicon (``runtime.faithful.lexicon.non_words``: Debian's hunspell-es
+    expanded, the bundle's or the model directory's ``lexicon.txt.gz``), not copied from the source.
 
 Sample: ``--n`` pairs drawn with ``random.Random(seed).sample`` over the split's line indices (default
 seed 20240607, kept in the output), evaluated in corpus order; ``--n 0`` takes the whole split.
@@ -49,6 +52,7 @@ from bench.apertium import Apertium
 from model.common_strings import load_common_strings, repeated_word, score_common_strings
 from model.corpus import read_split
 from runtime.bundle import sha256_file
+from runtime.faithful.lexicon import LEXICON_FILE, Lexicon, is_guard_note, non_word_rate, read_lexicon
 from runtime.tokenizer import MODEL_FILE, find_placeholders
 
 DEFAULT_SEED = 20240607
@@ -237,15 +241,20 @@ def translate_onnx(
     no_repeat_ngram_size: int = 0,
     text_layer: bool = False,
     memory: bool = True,
+    lexical_guard: bool = True,
 ) -> Translation:
     """The serving engine in-process: ``Engine.translate`` (the raw model path: a text over
     max_source_tokens is skipped, an empty output) or, with `text_layer`, ``Engine.translate_texts`` (what
     the service does: segmentation, masking, restoring; long texts are split, so none is skipped unless
     the text layer refuses it). Same length-sorted batches either way. `memory`: the text layer answers
-    from the bundle's translation memory, as the service does by default."""
+    from the bundle's translation memory, as the service does by default; `lexical_guard`: its lexical
+    guard (a hypothesis with a word in no dictionary gives way) is on, likewise."""
     from server.engine import DecodingOptions, Engine  # lazy: the torch backend must not need it
 
-    engine = Engine(bundle, variant=variant, device=device, intra_op_threads=threads, memory=memory)
+    engine = Engine(
+        bundle, variant=variant, device=device, intra_op_threads=threads, memory=memory,
+        lexical_guard=lexical_guard,
+    )  # fmt: skip
     engine.warmup()
     options = DecodingOptions(
         beam_size=beam, num_hypotheses=1, max_length=0, length_penalty=length_penalty,
@@ -257,6 +266,7 @@ def translate_onnx(
         "backend": "onnx",
         "text_layer": text_layer,
         "memory": text_layer and bool(engine.memory),
+        "lexical_guard": text_layer and engine.lexicon is not None,
         "bundle": str(bundle),
         "variant": variant,
         "name": getattr(engine, "name", None),
@@ -272,6 +282,7 @@ def translate_onnx(
     keep = [i for i in range(len(texts)) if i not in skip]
     outputs = [""] * len(texts)  # too-long segments count as empty translations
     skipped = list(too_long)
+    notes: list[tuple] = []  # the text layer's notes on each best hypothesis
     started = time.perf_counter()
     desc = f"model (onnx {variant}{' + text layer' if text_layer else ''}, beam {beam})"
     with _progress(len(texts), desc) as bar:
@@ -285,9 +296,15 @@ def translate_onnx(
                 results = engine.translate([texts[i] for i in idx], options)
             for i, nbest in zip(idx, results, strict=True):
                 outputs[i] = nbest[0].text if nbest else ""
+                notes.append(nbest[0].notes if nbest else ())
             bar.update(len(idx))
     if text_layer:
         info["skipped_too_long"] = len(skipped)  # refused by the text layer (over its character limit)
+        # How often the lexical guard fired: texts whose best hypothesis it changed, and texts it only noted.
+        info["lexical_guard_notes"] = {
+            "used_another": sum(any(is_guard_note(n.reason, True) for n in ns) for ns in notes),
+            "none_left": sum(any(is_guard_note(n.reason, False) for n in ns) for ns in notes),
+        }
     return Translation(outputs, time.perf_counter() - started, info, sorted(skipped))
 
 
@@ -368,6 +385,19 @@ def print_report(report: dict, sources: list[str], references: list[str], hyps: 
         f"{'reference':<{width}}  {'':>6}  {'':>6}  {'':>10}  {'':>10}  "
         f"{_fmt_rate(report['reference_placeholders']):>22}"
     )
+    if report.get("reference_non_words") is not None:
+        rates = [(name, systems[name]["non_words"]) for name in names]
+        rates.append(("reference", report["reference_non_words"]))
+        print(
+            "non-words (outputs with a word in no dictionary, not copied from the source): "
+            + ", ".join(f"{name} {r['percent']:.1f}% ({r['count']}/{r['n']})" for name, r in rates)
+        )
+    for name in names:
+        if systems[name].get("lexical_guard") and (fired := systems[name].get("lexical_guard_notes")):
+            print(
+                f"lexical guard ({name}): another hypothesis used for {fired['used_another']} texts, "
+                f"none without a non-word for {fired['none_left']}"
+            )
     common = report["common_strings"]
     print(
         f"\ncommon UI strings: {common['n']} sources shipped by the most training packages; accepted = a "
@@ -404,12 +434,25 @@ def _split_meta(data: Path, split: str, n_pairs: int) -> tuple[list[str | None],
     return [r.get("package") for r in rows], [r.get("novel") for r in rows]
 
 
+def find_lexicon(args: argparse.Namespace) -> Lexicon | None:
+    """The lexicon the non-words are counted with: --lexicon, else the bundle's, else the model
+    directory's (None: no non-word count)."""
+    candidates = [args.lexicon] if args.lexicon else []
+    candidates += [d / LEXICON_FILE for d in (args.bundle, args.model) if d is not None]
+    for path in candidates:
+        if path.is_file():
+            return read_lexicon(path)
+    if args.lexicon:
+        raise SystemExit(f"{args.lexicon}: no such lexicon (python -m model.lexicon writes one)")
+    return None
+
+
 def translate_model(args: argparse.Namespace, texts: list[str]) -> Translation:
     if args.bundle:
         return translate_onnx(
             args.bundle, args.variant, texts, args.beam, args.length_penalty, args.batch_size, args.device,
             args.threads, args.repetition_penalty, args.no_repeat_ngram_size, text_layer=args.text_layer,
-            memory=not args.no_memory,
+            memory=not args.no_memory, lexical_guard=not args.no_lexical_guard,
         )  # fmt: skip
     if args.model is None:
         raise SystemExit("--model (or --bundle) is required")
@@ -435,6 +478,7 @@ def evaluate(args: argparse.Namespace) -> dict:
         runs["apertium"] = translate_apertium(inputs, args.apertium_pair, args.apertium_mode)
 
     systems, signatures = {}, {}
+    lexicon = find_lexicon(args)
     # each system's outputs for the sample, then for the common strings
     hyps_of = {name: run.hypotheses[: len(sources)] for name, run in runs.items()}
     for name, run in runs.items():
@@ -454,6 +498,7 @@ def evaluate(args: argparse.Namespace) -> dict:
             "placeholders": scores["placeholders"],
             "repeated_word": scores["repeated_word"],
             "common_strings": score_common_strings(common, common_hyps),
+            "non_words": non_word_rate(list(zip(sources, hyps, strict=True)), lexicon) if lexicon else None,
             "seconds": round(run.seconds, 2),
             **run.info,
         }
@@ -499,6 +544,11 @@ def evaluate(args: argparse.Namespace) -> dict:
         },
         "systems": systems,
         "reference_placeholders": reference_placeholders,
+        "non_word_rule": "outputs with a word (2+ letters, no digit, not all capitals) in no dictionary of "
+        "the lexicon (runtime.faithful.lexicon), not copied from the source, outside protected spans",
+        "reference_non_words": non_word_rate(list(zip(sources, references, strict=True)), lexicon)
+        if lexicon
+        else None,
         "by_package": by_package,
         "example_positions": pick_examples(sources, args.examples),
         "segments": [
@@ -574,6 +624,16 @@ def main(argv: list[str] | None = None) -> None:
         "--no-memory",
         action="store_true",
         help="--text-layer: leave the bundle's translation memory out (the model translates every text)",
+    )
+    parser.add_argument(
+        "--no-lexical-guard",
+        action="store_true",
+        help="--text-layer: turn the lexical guard off (a hypothesis with a word in no dictionary is kept)",
+    )
+    parser.add_argument(
+        "--lexicon",
+        type=Path,
+        help="word list the non-words are counted with (default: the bundle's, else --model's)",
     )
     parser.add_argument("--apertium", action="store_true", help="also translate the sample with Apertium")
     parser.add_argument("--apertium-pair", default=None, help="Apertium mode (default: en-es or eng-spa)")

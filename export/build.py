@@ -32,6 +32,7 @@ from runtime.bundle import (
     file_entry,
     sha256_file,
 )
+from runtime.faithful.lexicon import LEXICON_FILE
 from runtime.faithful.memory import MEMORY_FILE
 
 VARIANTS = ("fp32", "int8", "fp16")
@@ -144,7 +145,12 @@ def export_bundle(
             model, tokenizer, checkpoint, stage, variants, optimize, data_dir,
             parity_sentences, threads, max_source_tokens,
         )  # fmt: skip
-        lists = (("keep_terms", KEEP_TERMS), ("source_words", SOURCE_WORDS), ("memory", MEMORY_FILE))
+        lists = (
+            ("keep_terms", KEEP_TERMS),
+            ("source_words", SOURCE_WORDS),
+            ("memory", MEMORY_FILE),
+            ("lexicon", LEXICON_FILE),
+        )
         for key, file in lists:
             if (checkpoint / file).is_file():  # listed under "files" (sha256) like every file of the stage
                 shutil.copyfile(checkpoint / file, stage / file)

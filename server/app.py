@@ -115,6 +115,7 @@ def default_engine_factory(bundle_dir: Path, config: ServerConfig) -> Any:
         device=config.device,
         intra_op_threads=config.threads,
         memory=config.memory,
+        lexical_guard=config.lexical_guard,
     )
 
 

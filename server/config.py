@@ -74,6 +74,7 @@ class ServerConfig:
     drain_delay_s: float = 0.0  # NOT_SERVING this long before refusing new RPCs (load balancers)
     warmup: bool = True
     memory: bool = True  # answer texts the bundle's translation memory has with Debian's own translation
+    lexical_guard: bool = True  # a segment's best hypothesis with a word in no dictionary gives way
     log_level: str = "INFO"  # DEBUG | INFO | WARNING | ERROR | CRITICAL, any case
 
     @property
@@ -272,6 +273,9 @@ HELP = {
     "warmup": "run a warm-up translation before reporting SERVING",
     "memory": "answer a text that Debian's translators already translated with their translation "
     "(the bundle's translation memory)",
+    "lexical_guard": "a segment whose best hypothesis holds a word in none of the bundle's dictionaries "
+    "(not copied from the source, nor a memory or do-not-translate term) takes the next hypothesis "
+    "without one, else keeps it with a note (off, or a bundle without a lexicon: no guard)",
     "log_level": "DEBUG, INFO, WARNING, ERROR or CRITICAL (any case)",
 }
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from runtime.faithful.lexicon import LEXICON_FILE
 from runtime.faithful.memory import MEMORY_FILE
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -50,6 +51,7 @@ EXPORTED_FROM = (
     "keep_terms.txt",
     "source_words.txt",
     MEMORY_FILE,
+    LEXICON_FILE,
 )
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from runtime.decoding import DecodingOptions
+from runtime.faithful.lexicon import Lexicon
+from runtime.faithful.memory import MemoryEntry
 from runtime.tokenizer import Tokenizer
 from server.contract import Hypothesis, InputTooLongError, Prepared
 from server.engine.faithful import TextLayer
@@ -53,3 +55,89 @@ def test_a_text_over_the_limit_is_refused_with_what_to_do(layer):
         "texts[1] has 20001 characters, over the limit of 20000 (max_text_chars); send long documents in "
         "several texts (e.g. one per paragraph)"
     )
+
+
+# ---- the lexical guard (runtime/faithful/lexicon.py): a word in no dictionary gives way ----------------
+
+SPANISH = Lexicon(["hola", "mundo", "abrir", "con", "en", "el", "archivo", "de", "la", "carpeta"])
+
+
+@pytest.fixture(scope="module")
+def guarded() -> TextLayer:
+    # a word of two of Debian's own translations is allowed, a name they copy is not
+    memory = {
+        "Mute": MemoryEntry("Desmutear", 3),
+        "Mute all": MemoryEntry("Desmutear todo", 1),
+        "Helo": MemoryEntry("Helo", 2),
+        "Helo 2": MemoryEntry("Helo 2", 1),
+    }
+    return TextLayer(
+        Tokenizer(TOKENIZER), max_source_tokens=24, keep_terms={"GNOME"}, memory=memory, lexicon=SPANISH
+    )
+
+
+def test_the_guard_takes_the_next_hypothesis_without_a_non_word(guarded, layer):
+    first = guarded.prepare(["Hello world"], BEAM2)
+    hyps = [Hypothesis("Hanllo mundo", -0.5, [5]), Hypothesis("Hola mundo", -0.7, [6])]
+    [[best]] = guarded.finish(first, [hyps])
+    assert (best.text, best.score) == ("Hola mundo", -0.7)
+    assert [(n.action, n.start, n.end, n.reason) for n in best.notes] == [
+        ("repaired", 0, 11, "'Hanllo' is in no dictionary; used hypothesis 2")
+    ]
+    # a layer without a lexicon (a bundle without one, or the guard off) keeps the model's best
+    first = layer.prepare(["Hello world"], BEAM2)
+    [[best]] = layer.finish(first, [hyps])
+    assert best.text == "Hanllo mundo" and best.notes == ()
+
+
+def test_when_every_hypothesis_has_a_non_word_the_best_stays_with_a_note(guarded):
+    first = guarded.prepare(["Hello world"], BEAM2)
+    hyps = [Hypothesis("Hanllo mundo", -0.5, [5]), Hypothesis("Hola mundito", -0.7, [6])]
+    [[best]] = guarded.finish(first, [hyps])
+    assert best.text == "Hanllo mundo"
+    assert [n.reason for n in best.notes] == [
+        "'Hanllo' is in no dictionary; no hypothesis without such a word"
+    ]
+
+
+def test_copied_words_spans_and_terms_are_no_reason_to_give_way(guarded):
+    # a word copied from the source, a do-not-translate term, a placeholder (first round: spans visible)
+    first = guarded.prepare(["Open Guake with %s in GNOME"], BEAM2)
+    hyps = [
+        Hypothesis("Abrir Guake con %s en GNOME", -0.5, [5]),
+        Hypothesis("Abrir con %s en GNOME", -0.7, [6]),
+    ]
+    [[best]] = guarded.finish(first, [hyps])
+    assert best.text.startswith("Abrir Guake con %s") and best.notes == ()
+    # a word of the translation memory's human translations, and a request's glossary target
+    first = guarded.prepare(["Mute the sound"], BEAM2, glossary={"sound": "sonidito"})
+    hyps = [Hypothesis("Desmutear el %1", -0.5, [5]), Hypothesis("Hola", -0.7, [6])]
+    [[best]] = guarded.finish(first, [hyps])
+    assert best.text == "Desmutear el sonidito" and best.notes == ()
+    assert guarded.non_words("Mute", "Desmutear el Hanllo") == ["Hanllo"]
+    assert guarded.non_words("Hello", "¡Helo!") == ["Helo"]
+
+
+def test_when_none_is_left_a_beam_twice_as_wide_is_tried_once(guarded):
+    wide = TextLayer(Tokenizer(TOKENIZER), max_source_tokens=24, lexicon=SPANISH, max_beam_size=4)
+    hyps = [Hypothesis("Hanllo mundo", -0.5, [5]), Hypothesis("Hola mundito", -0.7, [6])]
+    for clean in (True, False):
+        first = wide.prepare(["Hello world"], BEAM2)
+        second = wide.finish(first, [hyps])
+        assert isinstance(second, Prepared) and second.segments == ["Hello world"]
+        assert (second.options.beam_size, second.options.num_hypotheses) == (4, 4)
+        wider = [*hyps, Hypothesis("Hanllo mundial", -0.9, [7]), Hypothesis("Hola mundo", -1.0, [8])]
+        [[best]] = wide.finish(second, [wider if clean else hyps])
+        if clean:  # the wider beam's clean hypothesis goes first
+            assert (best.text, best.score) == ("Hola mundo", -1.0)
+            assert [n.reason for n in best.notes] == [
+                "'Hanllo' is in no dictionary; used hypothesis 4 of a beam of 4"
+            ]
+        else:  # nothing better: the first round's best, noted
+            assert best.text == "Hanllo mundo"
+            assert [n.reason for n in best.notes] == [
+                "'Hanllo' is in no dictionary; no hypothesis without such a word"
+            ]
+    # greedy decoding is never widened (the guard only reorders what it has)
+    [[best]] = wide.finish(wide.prepare(["Hello world"], DecodingOptions(beam_size=1)), [hyps[:1]])
+    assert best.text == "Hanllo mundo" and len(best.notes) == 1

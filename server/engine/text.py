@@ -23,6 +23,7 @@ from runtime.bundle import BundleError, load_manifest
 from runtime.decoding import DecodingOptions
 from runtime.decoding import check_options as _check_options
 from runtime.decoding import max_output_length as _max_output_length
+from runtime.faithful.lexicon import read_lexicon
 from runtime.faithful.memory import read_memory
 from runtime.faithful.terms import read_term_list
 from runtime.tokenizer import Tokenizer
@@ -62,6 +63,7 @@ class Engine:
         intra_op_threads: int = 0,
         io_binding: bool | None = None,
         memory: bool = True,
+        lexical_guard: bool = True,
     ) -> None:
         self.bundle_dir = Path(bundle_dir)
         self.manifest: dict[str, Any] = load_manifest(self.bundle_dir, variant)
@@ -122,7 +124,21 @@ class Engine:
                 self.memory = read_memory(self.bundle_dir / m["memory"])
             except (OSError, EOFError, ValueError) as e:
                 raise BundleError(f"cannot read the translation memory: {e}") from e
-        self.text_layer = TextLayer(self.tokenizer, self.max_source_tokens, **lists, memory=self.memory)
+        # The lexical guard's word list (a bundle without one has no guard; off: not even loaded).
+        self.lexicon = None
+        if lexical_guard and m.get("lexicon"):
+            try:
+                self.lexicon = read_lexicon(self.bundle_dir / m["lexicon"])
+            except (OSError, EOFError, ValueError) as e:
+                raise BundleError(f"cannot read the lexicon: {e}") from e
+        self.text_layer = TextLayer(
+            self.tokenizer,
+            self.max_source_tokens,
+            **lists,
+            memory=self.memory,
+            lexicon=self.lexicon,
+            max_beam_size=self.max_beam_size,
+        )
         self.last_stats: dict[str, Any] = {}
         self._lock = threading.Lock()  # one batch at a time: the generator reuses its cache buffers
 
