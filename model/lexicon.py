@@ -12,7 +12,8 @@ marked, so that the reader can accept the enclitic forms the affix data lacks (v
 without accepting a noun plus a pronoun (Contactonos: `contacto` is no such host).
 
 Pure Python, no hunspell library: the affix format's subset that es_ES.aff uses (FLAG UTF-8, PFX/SFX
-with conditions, continuation classes). Checked against `hunspell -l` (every generated form is accepted).
+with conditions, continuation classes). Checked against `hunspell -l`: of 5,000 forms drawn at random,
+it rejects only 46 proper nouns, and only because they are lowercased here (`australia`, `gibraltar`).
 """
 
 from __future__ import annotations
