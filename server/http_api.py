@@ -262,9 +262,19 @@ class HttpApi:
         # do not let one choose. The runner still shuts every connection down on stop().
         self.guard = ConnectionGuard(self.runner.server, self.limits, self._count_malformed)
         loop = asyncio.get_running_loop()
+        # With TLS the protocol only sees a connection once its handshake is done: a client that never
+        # finishes one is bounded by the same header timeout (asyncio's default is 60 s).
+        tls = {"ssl_handshake_timeout": self.limits.header_timeout_s} if ssl_context is not None else {}
         try:
             self.listener = await loop.create_server(
-                self.guard, host, port, ssl=ssl_context, backlog=128, reuse_address=True, reuse_port=False
+                self.guard,
+                host,
+                port,
+                ssl=ssl_context,
+                backlog=self.limits.backlog,
+                reuse_address=True,
+                reuse_port=False,
+                **tls,
             )
         except OSError as e:
             await self.stop()

@@ -55,6 +55,10 @@ class HttpLimits:
     max_body_bytes: int = 4 * 1024 * 1024  # 413 past it
     max_line_bytes: int = 8190  # request line, and each header line (aiohttp's default, stated here)
     max_headers: int = 128
+    # Connections the kernel completes before the server accepts them. Past it, Linux drops a client's
+    # handshake ACK and repeats its SYN-ACK 1, 2, 4 s later: under a burst (1,000 connections at once)
+    # the client believes itself connected seconds before the server sees it.
+    backlog: int = 1024
     # After an answer sent before the body was read (403, 408, 413), how long the rest of the body is
     # read and dropped so that the client sees the answer; then the connection is closed.
     lingering_s: float = 2.0

@@ -382,3 +382,13 @@ def test_html_script_content_comes_back_untouched(start_server, shipped_bundle):
     )
     assert status == 200
     assert script in body["translatedText"] and "Abrir" in body["translatedText"], body
+
+
+def test_a_configured_token_with_blanks_around_it_is_refused():
+    """Presented tokens lose their blanks (one rule, server/auth.py): a configured one with some could
+    never match, so the configuration says so."""
+    from server.config import load_config
+
+    with pytest.raises(ValueError, match="auth_token .* must not start or end with a space or tab"):
+        load_config([], env={"TRANSLATOR_AUTH_TOKEN": "tok "})
+    assert load_config([], env={"TRANSLATOR_AUTH_TOKEN": "tok"}).auth_token == "tok"
