@@ -30,6 +30,7 @@ help:
 	@echo "  make clean           DELETE .venv/ and bundles/ (the next make run reinstalls and re-exports) and caches"
 	@echo "Model pipeline (all but corpus need $(DATA)/ from make corpus; data-check says so):"
 	@echo "  make corpus          build the EN-ES corpus from Debian packages into $(DATA)/ (~1.5 min cached, ~4 cold)"
+	@echo "                       (CORPUS_LANG=fr|de|it|pt_BR DATA=runs/data-fr: English to another language)"
 	@echo "  make data-check      exit 2, naming the command to run, when $(DATA)/ has no corpus"
 	@echo "  make tokenizer       train a SentencePiece model into runs/tokenizer/ (the shipped one stays)"
 	@echo "  make train           train the small model into runs/en-es-small/ (TRAIN_ARGS=--resume continues)"
@@ -84,11 +85,13 @@ run serve: install
 	@if [ -z "$$TRANSLATOR_MODEL_DIR" ]; then $(MAKE) --no-print-directory bundle; fi
 	TRANSLATOR_HTTP_PORT=$${TRANSLATOR_HTTP_PORT:-5000} $(PY) -m server
 
+# CORPUS_LANG picks the target language (model/languages.py); not LANG, which is the shell's locale.
+CORPUS_LANG ?= es
 # lt-print (Debian's lttoolbox-dev) reads Apertium's compiled bilingual dictionary, one of the sources.
 corpus: install
 	@command -v lt-print >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	  apt-get install -y -qq --no-install-recommends lttoolbox-dev >/dev/null; }
-	$(PY) -m model.corpus --out $(DATA)
+	$(PY) -m model.corpus --lang $(CORPUS_LANG) --out $(DATA)
 
 # A new tokenizer goes to runs/tokenizer/, never over $(MODEL)/tokenizer.model: the shipped weights only
 # work with the tokenizer they were trained with. To adopt a new one, train on it and release both:

@@ -1,6 +1,7 @@
-"""Build the EN->ES parallel corpus from Debian packages.
+"""Build the parallel corpus from English to one target language (es, fr, de, it, pt_BR) from Debian packages.
 
-Three sources, all human-translated and reachable from any Debian 12 machine:
+Three sources, all human-translated and reachable from any Debian 12 machine (the Spanish names below;
+model/languages.py has every language's):
   1. gettext catalogs (``*/es/LC_MESSAGES/*.mo``, ``es_ES`` too) inside the packages ranked in
      ``shared/data/debian-l10n-packages.tsv``;
   2. LibreOffice help (``libreoffice-help-es`` vs ``libreoffice-help-en-us``), paragraphs aligned by
@@ -11,9 +12,12 @@ Three sources, all human-translated and reachable from any Debian 12 machine:
 Packages are fetched with ``apt-get download`` (cached) and read with ``dpkg-deb --fsys-tarfile``
 without installing anything. Pairs are cleaned, deduplicated and split by package family into
 train/valid/test, with provenance and a manifest. Train keeps every pair; held-out pairs whose source
-never occurs in train are labelled ``novel``.
+never occurs in train are labelled ``novel``. Every language is split by the same hash of the package
+family, so the same families are held out in every language. The manifest also records the Language
+code and the Plural-Forms most of the language's catalogs declare.
 
-    python -m model.corpus --out data/ [--top 150]
+    python -m model.corpus --out data/ [--top 150]             # Spanish: data/{split}.en, {split}.es
+    python -m model.corpus --lang fr --out runs/data-fr/       # {split}.en, {split}.fr
 """
 
 from __future__ import annotations
@@ -23,9 +27,6 @@ import hashlib
 import json
 import re
 import struct
-import subprocess
-import sys
-import tarfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
@@ -36,14 +37,23 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from model.dictionaries import (
-    APERTIUM_BIDIX,
-    APERTIUM_PACKAGE,
-    DICTIONARY_PACKAGES,
-    FREEDICT_FILES,
-    apertium_pairs,
-    dictionary_variants,
-    freedict_pairs,
+from model.debs import (  # noqa: F401 - cached_deb: re-exported
+    cached_deb,
+    deb_version,
+    download_packages,
+    iter_deb_members,
+)
+from model.dictionaries import apertium_pairs, dictionary_variants, freedict_pairs, member_pattern
+from model.languages import (
+    DEFAULT_LANGUAGE,
+    ENGLISH_HELP,
+    LANGUAGES,
+    Language,
+    catalog_header,
+    header_votes,
+    language,
+    language_summary,
+    read_package_list,  # noqa: F401 - re-exported (bench/faithful_set.py)
 )
 from runtime.bundle import sha256_file
 from runtime.catalog import ACCELERATOR_MARKERS, CREDIT_MSGIDS
@@ -52,8 +62,6 @@ from runtime.tokenizer import PLACEHOLDER_PATTERN
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PACKAGE_LIST = REPO_ROOT.parent / "shared" / "data" / "debian-l10n-packages.tsv"
-LANG = "es"
-HELP_PACKAGES = ("libreoffice-help-es", "libreoffice-help-en-us")
 MAX_CHARS = 250
 SPLIT_SALT = "translator-split-v1"
 # Percent of package families per split (by hash of the family name).
@@ -87,7 +95,12 @@ def _charset(header: str) -> str:
 
 
 def parse_mo(data: bytes) -> list[CatalogEntry]:
-    """Parse a compiled gettext catalog, keeping message contexts and plural forms.
+    """Parse a compiled gettext catalog, keeping message contexts and plural forms."""
+    return read_mo(data)[1]
+
+
+def read_mo(data: bytes) -> tuple[dict[str, str], list[CatalogEntry]]:
+    """A compiled gettext catalog's header fields (``Language``, ``Plural-Forms``, ...) and entries.
 
     The stdlib ``gettext`` module folds plurals into ``(msgid, n)`` keys and drops ``msgid_plural``,
     so the binary layout is read directly: magic, N, and two tables of (length, offset).
@@ -110,9 +123,11 @@ def parse_mo(data: bytes) -> list[CatalogEntry]:
 
     raw = list(zip(strings(orig_offset), strings(trans_offset), strict=True))
     charset = "utf-8"
+    header: dict[str, str] = {}
     for orig, trans in raw:
         if orig == b"":
             charset = _charset(trans.decode("ascii", "replace"))
+            header = catalog_header(trans.decode("utf-8", "replace"))
     entries = []
     for orig, trans in raw:
         if orig == b"":
@@ -130,11 +145,13 @@ def parse_mo(data: bytes) -> list[CatalogEntry]:
                 msgid_plural=plural or None,
             )
         )
-    return entries
+    return header, entries
 
 
 def catalog_pairs(entries: Iterable[CatalogEntry]) -> Iterator[tuple[str, str]]:
-    """(English, Spanish) pairs of a catalog: singular -> msgstr[0], plural -> msgstr[1]."""
+    """(English, target) pairs of a catalog: singular -> msgstr[0], plural -> msgstr[1].
+
+    msgstr[1] is the form of 2, 3, ... in every target language here, as msgid_plural is in English."""
     for entry in entries:
         if entry.msgstr and entry.msgstr[0]:
             yield entry.msgid, entry.msgstr[0]
@@ -179,17 +196,17 @@ def help_paragraphs(page: str) -> dict[str, str]:
     return parser.paragraphs
 
 
-def align_help_pages(english: dict[str, str], spanish: dict[str, str]) -> Iterator[tuple[str, str, str]]:
-    """Yield (page, en, es) for every paragraph id present on both sides of the same page."""
+def align_help_pages(english: dict[str, str], target: dict[str, str]) -> Iterator[tuple[str, str, str]]:
+    """Yield (page, en, target) for every paragraph id present on both sides of the same page."""
     for page, en_page in english.items():
-        es_page = spanish.get(page)
-        if es_page is None:
+        target_page = target.get(page)
+        if target_page is None:
             continue
-        en_paragraphs, es_paragraphs = help_paragraphs(en_page), help_paragraphs(es_page)
+        en_paragraphs, target_paragraphs = help_paragraphs(en_page), help_paragraphs(target_page)
         for element_id, en_text in en_paragraphs.items():
-            es_text = es_paragraphs.get(element_id)
-            if es_text:
-                yield page, en_text, es_text
+            target_text = target_paragraphs.get(element_id)
+            if target_text:
+                yield page, en_text, target_text
 
 
 # --------------------------------------------------------------------------------------------
@@ -316,67 +333,11 @@ def split_of(family: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Fetching and reading packages
+# Reading packages (model/debs.py fetches them)
 
 
-def read_package_list(path: Path, top: int) -> list[str]:
-    names = []
-    for line in path.read_text().splitlines():
-        if not line.strip() or line.startswith("#"):
-            continue
-        names.append(line.split("\t")[0].replace("-LANG", f"-{LANG}"))
-    return names[:top]
-
-
-def cached_deb(cache_dir: Path, package: str) -> Path | None:
-    hits = sorted(cache_dir.glob(f"{package}_*.deb"))
-    return hits[-1] if hits else None
-
-
-def download_packages(packages: list[str], cache_dir: Path) -> dict[str, Path]:
-    """apt-get download what is not cached yet; runs `apt-get update` once if lists are missing."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    missing = [p for p in packages if cached_deb(cache_dir, p) is None]
-    if missing:
-        print(f"downloading {len(missing)} packages into {cache_dir}", file=sys.stderr)
-        updated = False
-        for package in tqdm(missing, desc="apt-get download", unit="pkg"):
-            for _attempt in range(2):
-                result = subprocess.run(
-                    ["apt-get", "download", "-q", package], cwd=cache_dir, capture_output=True, text=True
-                )
-                if result.returncode == 0 or updated:
-                    break
-                subprocess.run(["apt-get", "update", "-qq"], check=False, capture_output=True)
-                updated = True
-            if result.returncode != 0:
-                print(f"  skipped {package}: {result.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
-    return {p: deb for p in packages if (deb := cached_deb(cache_dir, p)) is not None}
-
-
-def deb_version(deb: Path) -> str:
-    return subprocess.run(
-        ["dpkg-deb", "-f", str(deb), "Version"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-
-
-def iter_deb_members(deb: Path, wanted: re.Pattern[str]) -> Iterator[tuple[str, bytes]]:
-    """Stream a package's file tree and yield (path, content) for members matching `wanted`."""
-    proc = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE)
-    assert proc.stdout is not None
-    try:
-        with tarfile.open(fileobj=proc.stdout, mode="r|") as archive:
-            for member in archive:
-                if member.isfile() and wanted.search(member.name):
-                    handle = archive.extractfile(member)
-                    if handle is not None:
-                        yield member.name, handle.read()
-    finally:
-        proc.stdout.close()
-        proc.wait()
-
-
-_MO_PATH = re.compile(rf"/{LANG}(?:_ES)?/LC_MESSAGES/[^/]+\.mo$")
+# The Spanish catalogs' paths (bench/faithful_set.py reads them); any language's: language(code).mo_pattern().
+_MO_PATH = LANGUAGES[DEFAULT_LANGUAGE].mo_pattern()
 
 
 @dataclass
@@ -393,15 +354,17 @@ class Pair:
     novel: bool | None = None
 
 
-def read_catalog_package(package: str, deb: Path) -> tuple[list[Pair], Counter]:
+def read_catalog_package(package: str, deb: Path, lang: Language) -> tuple[list[Pair], Counter, Counter]:
+    """The package's cleaned pairs, drop reasons, and its catalogs' votes for Plural-Forms and Language."""
     version = deb_version(deb)
-    pairs, dropped = [], Counter()
-    for path, data in iter_deb_members(deb, _MO_PATH):
+    pairs, dropped, votes = [], Counter(), Counter()
+    for path, data in iter_deb_members(deb, lang.mo_pattern()):
         try:
-            entries = parse_mo(data)
+            header, entries = read_mo(data)
         except (ValueError, struct.error):
             dropped["unreadable catalog"] += 1
             continue
+        votes.update(header_votes(header))
         origin = Path(path).name
         for source, target in catalog_pairs(entries):
             cleaned = clean_pair(source, target)
@@ -409,49 +372,57 @@ def read_catalog_package(package: str, deb: Path) -> tuple[list[Pair], Counter]:
                 dropped[cleaned] += 1
             else:
                 pairs.append(Pair(cleaned[0], cleaned[1], package, version, origin))
-    return pairs, dropped
+    return pairs, dropped, votes
 
 
-def read_help_packages(es_deb: Path, en_deb: Path) -> tuple[list[Pair], Counter]:
-    pages_pattern = re.compile(r"/help/(?:es|en-US)/text/.+\.html$")
+def help_page_pattern(help_code: str) -> re.Pattern[str]:
+    """The help pages of one language and of English: ``.../help/pt-BR/text/...html``."""
+    return re.compile(rf"/help/(?:{re.escape(help_code)}|{ENGLISH_HELP})/text/.+\.html$")
 
-    def pages(deb: Path, lang: str) -> dict[str, str]:
-        prefix = f"/help/{lang}/"
+
+def read_help_packages(target_deb: Path, en_deb: Path, lang: Language) -> tuple[list[Pair], Counter]:
+    pages_pattern = help_page_pattern(lang.help_code)
+
+    def pages(deb: Path, code: str) -> dict[str, str]:
+        prefix = f"/help/{code}/"
         return {
             path.split(prefix, 1)[1]: data.decode("utf-8", "replace")
             for path, data in iter_deb_members(deb, pages_pattern)
             if prefix in path
         }
 
-    version = deb_version(es_deb)
+    version = deb_version(target_deb)
     pairs, dropped = [], Counter()
-    for page, en_text, es_text in align_help_pages(pages(en_deb, "en-US"), pages(es_deb, "es")):
-        cleaned = clean_pair(en_text, es_text)
+    english, target = pages(en_deb, ENGLISH_HELP), pages(target_deb, lang.help_code)
+    for page, en_text, target_text in align_help_pages(english, target):
+        cleaned = clean_pair(en_text, target_text)
         if isinstance(cleaned, str):
             dropped[cleaned] += 1
         else:
-            pairs.append(Pair(cleaned[0], cleaned[1], HELP_PACKAGES[0], version, page))
+            pairs.append(Pair(cleaned[0], cleaned[1], lang.help_package, version, page))
     return pairs, dropped
 
 
-def read_dictionary_package(package: str, deb: Path, scratch: Path) -> tuple[list[Pair], Counter]:
+def read_dictionary_package(
+    package: str, deb: Path, scratch: Path, lang: Language
+) -> tuple[list[Pair], Counter]:
     """Word and phrase pairs of a bilingual dictionary package (model/dictionaries.py), cleaned like
     catalog pairs; the origin names the dictionary and the part of speech."""
     version = deb_version(deb)
-    if package == APERTIUM_PACKAGE:
-        bidix = dict(iter_deb_members(deb, APERTIUM_BIDIX))
-        entries = apertium_pairs(next(iter(bidix.values())), scratch) if bidix else iter(())
+    dictionary = next(d for d in lang.dictionaries if d.package == package)
+    members = dict(iter_deb_members(deb, member_pattern(dictionary)))
+    if dictionary.kind == "apertium":
+        entries = (
+            apertium_pairs(next(iter(members.values())), scratch, dictionary.file) if members else iter(())
+        )
     else:
-        files = {
-            ("index" if path.endswith(".index") else "dict"): data
-            for path, data in iter_deb_members(deb, FREEDICT_FILES)
-        }
+        files = {("index" if path.endswith(".index") else "dict"): data for path, data in members.items()}
         entries = (
             freedict_pairs(files["index"].decode("utf-8"), files["dict"]) if len(files) == 2 else iter(())
         )
     pairs, dropped = [], Counter()
-    for en, es, pos in entries:
-        for source, target in dictionary_variants(en, es):
+    for en, translation, pos in entries:
+        for source, target in dictionary_variants(en, translation):
             cleaned = clean_pair(source, target)
             if isinstance(cleaned, str):
                 dropped[cleaned] += 1
@@ -461,12 +432,14 @@ def read_dictionary_package(package: str, deb: Path, scratch: Path) -> tuple[lis
     return pairs, dropped
 
 
-def _read_job(job: tuple[str, ...]) -> tuple[list[Pair], Counter]:
-    if job[0] == "help":
-        return read_help_packages(Path(job[1]), Path(job[2]))
-    if job[0] == "dictionary":
-        return read_dictionary_package(job[1], Path(job[2]), Path(job[3]))
-    return read_catalog_package(job[1], Path(job[2]))
+def _read_job(job: tuple[str, ...]) -> tuple[list[Pair], Counter, Counter]:
+    """(kind, language code, ...): runs in a worker process, so the job is plain strings."""
+    kind, lang = job[0], language(job[1])
+    if kind == "help":
+        return (*read_help_packages(Path(job[2]), Path(job[3]), lang), Counter())
+    if kind == "dictionary":
+        return (*read_dictionary_package(job[2], Path(job[3]), Path(job[4]), lang), Counter())
+    return read_catalog_package(job[2], Path(job[3]), lang)
 
 
 # --------------------------------------------------------------------------------------------
@@ -514,61 +487,79 @@ def read_novel(data_dir: Path, split: str) -> list[bool]:
         return [bool(json.loads(line).get("novel")) for line in handle]
 
 
-def write_splits(out: Path, splits: dict[str, list[Pair]]) -> dict[str, dict[str, str]]:
-    """Write ``{split}.en``/``{split}.es`` (one segment a line, newlines escaped as the two characters
-    backslash-n) and ``{split}.jsonl`` with provenance. Returns sha256 per file."""
+def write_splits(
+    out: Path, splits: dict[str, list[Pair]], target: str = DEFAULT_LANGUAGE
+) -> dict[str, dict[str, str]]:
+    """Write ``{split}.en``/``{split}.<target>`` (``.es``, ``.pt_BR``; one segment a line, newlines escaped
+    as the two characters backslash-n) and ``{split}.jsonl`` with provenance. Returns sha256 per file."""
     out.mkdir(parents=True, exist_ok=True)
     checksums: dict[str, dict[str, str]] = {}
     for name, pairs in splits.items():
-        files = {"en": out / f"{name}.en", "es": out / f"{name}.es", "jsonl": out / f"{name}.jsonl"}
+        files = {"en": out / f"{name}.en", target: out / f"{name}.{target}", "jsonl": out / f"{name}.jsonl"}
         with (
             files["en"].open("w", encoding="utf-8") as en,
-            files["es"].open("w", encoding="utf-8") as es,
+            files[target].open("w", encoding="utf-8") as translated,
             files["jsonl"].open("w", encoding="utf-8") as meta,
         ):
             for pair in pairs:
                 en.write(escape_line(pair.source) + "\n")
-                es.write(escape_line(pair.target) + "\n")
+                translated.write(escape_line(pair.target) + "\n")
                 meta.write(json.dumps(asdict(pair), ensure_ascii=False) + "\n")
         checksums[name] = {key: sha256_file(path) for key, path in files.items()}
     return checksums
 
 
 def build(
-    out: Path, package_list: Path, top: int, cache_dir: Path, workers: int = 2, dictionaries: bool = True
+    out: Path,
+    package_list: Path,
+    top: int,
+    cache_dir: Path,
+    workers: int = 2,
+    dictionaries: bool = True,
+    lang: str = DEFAULT_LANGUAGE,
 ) -> dict:
     started = time.time()
-    packages = read_package_list(package_list, top)
-    extra = list(HELP_PACKAGES) + (list(DICTIONARY_PACKAGES) if dictionaries else [])
-    debs = download_packages(packages + extra, cache_dir)
-    jobs: list[tuple[str, ...]] = [("mo", p, str(debs[p])) for p in packages if p in debs]
-    if all(p in debs for p in HELP_PACKAGES):
-        jobs.insert(0, ("help", str(debs[HELP_PACKAGES[0]]), str(debs[HELP_PACKAGES[1]])))
-    if dictionaries:
-        jobs += [
-            ("dictionary", p, str(debs[p]), str(out / "cache")) for p in DICTIONARY_PACKAGES if p in debs
-        ]
+    target = language(lang)
+    packages = read_package_list(package_list, top, target.code)
+    help_packages = target.help_packages
+    dictionary_packages = target.dictionary_packages if dictionaries else ()
+    debs = download_packages(packages + [*help_packages, *dictionary_packages], cache_dir)
+    jobs: list[tuple[str, ...]] = [("mo", target.code, p, str(debs[p])) for p in packages if p in debs]
+    if all(p in debs for p in help_packages):
+        jobs.insert(0, ("help", target.code, *(str(debs[p]) for p in help_packages)))
+    jobs += [
+        ("dictionary", target.code, p, str(debs[p]), str(out / "cache"))
+        for p in dictionary_packages
+        if p in debs
+    ]
     all_pairs: list[Pair] = []
     dropped: Counter = Counter()
+    votes: Counter = Counter()  # the catalogs' Plural-Forms and Language headers
     versions = {p: debs[p].name.split("_")[1].replace("%3a", ":") for p in debs}
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        progress = tqdm(pool.map(_read_job, jobs), total=len(jobs), desc="reading packages", unit="pkg")
-        for pairs, reasons in progress:
+        progress = tqdm(
+            pool.map(_read_job, jobs), total=len(jobs), desc=f"reading packages ({target.code})", unit="pkg"
+        )
+        for pairs, reasons, headers in progress:
             all_pairs.extend(pairs)
             dropped.update(reasons)
+            votes.update(headers)
             progress.set_postfix(pairs=len(all_pairs))
     raw = len(all_pairs)
     splits = split_pairs(all_pairs)
     novel = {name: sum(bool(p.novel) for p in splits[name]) for name in ("valid", "test")}
-    checksums = write_splits(out, splits)
+    checksums = write_splits(out, splits, target.code)
     per_package: dict[str, Counter] = defaultdict(Counter)
     for name, pairs in splits.items():
         for pair in pairs:
             per_package[pair.package][name] += 1
     manifest = {
-        "sources": "Debian 12 gettext catalogs (es, es_ES) and LibreOffice help (es vs en-US)"
-        + (f"; dictionaries {', '.join(DICTIONARY_PACKAGES)} (train only)" if dictionaries else ""),
+        "language": language_summary(target, votes),
+        "sources": f"Debian 12 gettext catalogs ({', '.join(target.catalog_dirs)}) and LibreOffice help "
+        f"({target.help_code} vs {ENGLISH_HELP})"
+        + (f"; dictionaries {', '.join(dictionary_packages)} (train only)" if dictionary_packages else ""),
         "top_packages": top,
+        "missing_packages": sorted(set(packages + [*help_packages, *dictionary_packages]) - set(debs)),
         "split_rule": f"sha256('{SPLIT_SALT}:' + family) % 100: <{TEST_PERCENT} test, "
         f"<{TEST_PERCENT + VALID_PERCENT} valid, else train; "
         f"pinned to train: {sorted(PINNED_TRAIN_FAMILIES)}",
@@ -595,6 +586,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--out", type=Path, default=Path("data"))
     parser.add_argument(
+        "--lang", default=DEFAULT_LANGUAGE, help=f"target language: {', '.join(LANGUAGES)} (default es)"
+    )
+    parser.add_argument(
         "--packages", type=Path, default=DEFAULT_PACKAGE_LIST, help="ranked package list (TSV)"
     )
     parser.add_argument("--top", type=int, default=150, help="how many of the ranked packages to use")
@@ -612,15 +606,22 @@ def main(argv: list[str] | None = None) -> None:
         cache.resolve(),
         args.workers,
         dictionaries=not args.no_dictionaries,
+        lang=args.lang,
     )
-    counts = manifest["counts"]
+    counts, record = manifest["counts"], manifest["language"]
     print(
-        f"corpus: {manifest['pairs_after_dedupe']} unique pairs -> train {counts['train']}, "
+        f"corpus ({record['code']}): {manifest['pairs_after_dedupe']} unique pairs -> "
+        f"train {counts['train']}, "
         f"valid {counts['valid']} ({manifest['novel']['valid']} novel), "
         f"test {counts['test']} ({manifest['novel']['test']} novel) "
         f"in {manifest['seconds']} s; manifest: {args.out / 'manifest.json'}"
     )
     print(f"families: valid {manifest['families']['valid']}\n          test {manifest['families']['test']}")
+    print(
+        f"catalogs: {record['catalogs']}, Language {record['gettext_language']} "
+        f"({record['gettext_language_catalogs']}), Plural-Forms {record['plural_forms']} "
+        f"({record['plural_forms_catalogs']}); missing packages: {manifest['missing_packages'] or 'none'}"
+    )
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 The gettext catalogs teach software strings; they hold almost no everyday words or greetings (`Good
 morning`, `cup`, `weather`), so the model composed such words from subword pieces (`Hanllo`,
-`meteorono`). Two Debian packages hold human-made English->Spanish dictionaries:
+`meteorono`). Two kinds of Debian package hold human-made bilingual dictionaries; which ones each target
+language has (package and file names) is data in model/languages.py. For Spanish:
 
   1. ``apertium-eng-spa``: the Apertium pair's compiled bilingual dictionary (``eng-spa.autobil.bin``),
      about 30,000 lemma pairs with their part of speech, multiword entries included (``good morning`` ->
@@ -13,6 +14,7 @@ morning`, `cup`, `weather`), so the model composed such words from subword piece
 Each entry becomes a pair as written (lower case, the lemma) and once more with a capital first letter,
 as UI labels are written (``Goodbye`` -> ``Adiós``). Both sources go to the training split only: they
 are no package family of the held-out packages, and the valid and test splits stay Debian's catalogs.
+French, German, Italian and Brazilian Portuguese have a FreeDict dictionary and no English Apertium pair.
 """
 
 from __future__ import annotations
@@ -25,11 +27,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-APERTIUM_PACKAGE = "apertium-eng-spa"
-APERTIUM_BIDIX = re.compile(r"/eng-spa\.autobil\.bin$")
-FREEDICT_PACKAGE = "dict-freedict-eng-spa"
-FREEDICT_FILES = re.compile(r"/freedict-eng-spa\.(index|dict\.dz)$")
-DICTIONARY_PACKAGES = (APERTIUM_PACKAGE, FREEDICT_PACKAGE)
+from model.languages import ALL_DICTIONARY_PACKAGES, Dictionary
+
 # Parts of speech kept from the bidix: open classes, interjections (greetings), prepositions and
 # conjunctive adverbs. Proper nouns (np) are mostly names copied as they are; numbers (num) are rules.
 APERTIUM_POS = frozenset({"n", "adj", "vblex", "adv", "ij", "pr", "cnjadv", "cnjsub", "cnjcoo", "np"})
@@ -49,7 +48,7 @@ def require_lt_print() -> str:
 
 
 def walk_bidix(att: str) -> Iterator[tuple[str, str, str]]:
-    """(English lemma, Spanish lemma, part of speech) for every path of an ``lt-print`` listing.
+    """(English lemma, target lemma, part of speech) for every path of an ``lt-print`` listing.
 
     The listing is AT&T text: ``from to input output weight`` per arc, sections split by ``--``, ``ε``
     for the empty symbol, ``<tag>`` symbols after the lemma. A path is followed until both sides have
@@ -65,7 +64,7 @@ def walk_bidix(att: str) -> Iterator[tuple[str, str, str]]:
                 arcs[int(fields[0])].append((int(fields[1]), fields[2], fields[3]))
         cyclic = states_on_cycles({state: [t for t, _, _ in out] for state, out in arcs.items()})
         seen: set[tuple[str, str, str]] = set()
-        # (state, English so far, Spanish so far, English tag, Spanish tag, steps after the English tag)
+        # (state, English so far, target so far, English tag, target tag, steps after the English tag)
         stack: list[tuple[int, str, str, str, str, int]] = [(0, "", "", "", "", 0)]
         while stack:
             state, en, es, en_tag, es_tag, after = stack.pop()
@@ -148,10 +147,19 @@ def clean_lemma(text: str) -> str:
     return " ".join(text.replace("#", " ").split())
 
 
-def apertium_pairs(bidix: bytes, scratch: Path) -> Iterator[tuple[str, str, str]]:
-    """(English, Spanish, part of speech) of the compiled bilingual dictionary's English->Spanish paths."""
+def member_pattern(dictionary: Dictionary) -> re.Pattern[str]:
+    """The paths of a dictionary package's files that hold the dictionary."""
+    name = re.escape(dictionary.file)
+    if dictionary.kind == "apertium":
+        return re.compile(rf"/{name}$")  # the compiled bilingual dictionary: eng-spa.autobil.bin
+    return re.compile(rf"/{name}\.(index|dict\.dz)$")  # FreeDict's dictd database
+
+
+def apertium_pairs(bidix: bytes, scratch: Path, name: str = "autobil.bin") -> Iterator[tuple[str, str, str]]:
+    """(English, target, part of speech) of a compiled bilingual dictionary's English->target paths;
+    lt-print reads a file, written to `scratch` under `name`."""
     scratch.mkdir(parents=True, exist_ok=True)
-    path = scratch / "eng-spa.autobil.bin"
+    path = scratch / name
     path.write_bytes(bidix)
     att = subprocess.run(
         [require_lt_print(), str(path)],
@@ -175,8 +183,29 @@ def _dictd_offset(text: str) -> int:
     return value
 
 
+# FreeDict's databases generated from TEI (eng-deu, from the Ding dictionary) add lines that are no
+# translation (cross-references, synonyms, notes) and write a translation's gender, number and part of
+# speech after it: ``Aalfang <masc>``, ``Aalleitern <pl>``, ``anlegen <v, trans>``. The annotation lines
+# are skipped and those grammar marks removed, so the word itself is kept; any other ``<...>`` (a stray
+# ``<f>``) still drops its sense, as before.
+_ANNOTATION_LINE = re.compile(r"^\s*(?:see|synonyms?|antonyms?|note)\s*:", re.IGNORECASE)
+_GRAMMAR_MARK = re.compile(r"\s*<([a-z ,]+)>")
+_GRAMMAR_WORDS = frozenset(
+    ("masc", "fem", "neut", "pl", "sg", "only", "adj", "adv", "v", "trans", "intr", "refl", "prep", "int")
+    + ("pron", "rel", "pers", "inter", "num", "conj", "art", "ptcl")
+)
+
+
+def _without_grammar_marks(line: str) -> str:
+    def strip(match: re.Match[str]) -> str:
+        words = set(re.split(r"[ ,]+", match.group(1).strip()))
+        return "" if words <= _GRAMMAR_WORDS else match.group(0)
+
+    return _GRAMMAR_MARK.sub(strip, line)
+
+
 def freedict_pairs(index: str, dict_dz: bytes) -> Iterator[tuple[str, str, str]]:
-    """(English headword, Spanish translation, "") of a FreeDict dictd database.
+    """(English headword, translation, "") of a FreeDict dictd database.
 
     An article is the headword line (with an optional ``/pronunciation/``) followed by the translations,
     separated by commas or semicolons (and numbered senses ``1.``); each translation becomes a pair."""
@@ -187,7 +216,11 @@ def freedict_pairs(index: str, dict_dz: bytes) -> Iterator[tuple[str, str, str]]
             continue
         headword = fields[0].strip()
         article = data[_dictd_offset(fields[1]) : _dictd_offset(fields[1]) + _dictd_offset(fields[2])]
-        lines = article.decode("utf-8", "replace").splitlines()[1:]
+        lines = [
+            _without_grammar_marks(text)
+            for text in article.decode("utf-8", "replace").splitlines()[1:]
+            if not _ANNOTATION_LINE.match(text)
+        ]
         for sense in re.split(r"[,;]|\b\d+\.\s", " ".join(lines)):
             sense = " ".join(sense.split()).strip(" .")
             if sense and not re.search(r"[<>()\[\]/\d]", sense):
@@ -197,15 +230,15 @@ def freedict_pairs(index: str, dict_dz: bytes) -> Iterator[tuple[str, str, str]]
 def software_packages(packages: Iterable[str]) -> list[str]:
     """The packages of a pair's provenance that are software, not a dictionary: what the translation
     memory and the common UI strings count (a dictionary's word pair is no string a program ships)."""
-    return [p for p in packages if p not in DICTIONARY_PACKAGES]
+    return [p for p in packages if p not in ALL_DICTIONARY_PACKAGES]
 
 
 def capitalised(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def dictionary_variants(en: str, es: str) -> Iterator[tuple[str, str]]:
+def dictionary_variants(en: str, target: str) -> Iterator[tuple[str, str]]:
     """The pair as the dictionary writes it and with capital first letters (a UI label's case)."""
-    yield en, es
+    yield en, target
     if en[:1].islower():
-        yield capitalised(en), capitalised(es)
+        yield capitalised(en), capitalised(target)

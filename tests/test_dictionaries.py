@@ -108,6 +108,28 @@ def test_freedict_pairs_split_senses():
     assert not any("(" in es for _, es, _ in pairs)  # a sense with a note is not a clean translation
 
 
+def test_freedict_tei_articles_keep_the_words_and_skip_the_notes():
+    """FreeDict's eng-deu (generated from TEI): grammar marks after the words, notes and cross-references."""
+    index, dz = dictd({
+        "eel ladder": (
+            "eel ladder /ˈiːl lˈadə/\nAalleiter <fem>, Aaltreppe <fem>, Aalpass <masc>\n"
+            "         Note: Wasserbau\n see: {eel ladders}\n\n         Note: water engineering\n"
+        ),
+        "amphiumas": "amphiumas\nAalmolche <pl>, Fischmolche <pl> [zool.]\n   Synonyms: {congo eels}\n",
+        "apply": "apply\nanlegen <v, trans>; auftragen <v, trans>\n   Synonym: {put on}\n",
+        "stolen": "stolen\nrobadas al sueño <f>\n",  # eng-spa's one stray mark: that sense stays out
+    })  # fmt: skip
+    pairs = {(head, target) for head, target, _ in freedict_pairs(index, dz)}
+    assert pairs == {
+        ("eel ladder", "Aalleiter"),
+        ("eel ladder", "Aaltreppe"),
+        ("eel ladder", "Aalpass"),
+        ("amphiumas", "Aalmolche"),  # "Fischmolche [zool.]": a domain label drops the sense
+        ("apply", "anlegen"),
+        ("apply", "auftragen"),
+    }
+
+
 def test_dictionaries_stay_in_train_and_out_of_memory_and_common_strings(tmp_path):
     assert split_of("apertium") == split_of("dict") == "train"
     assert software_packages(["apertium-eng-spa", "gedit", "dict-freedict-eng-spa"]) == ["gedit"]
