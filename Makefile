@@ -22,7 +22,7 @@ help:
 	@echo "Develop:"
 	@echo "  make test            lint + the whole test suite"
 	@echo "  make stack-test      build the images, run the compose stack (podman or Docker) and check it end to end"
-	@echo "  make fuzz            10,000 fuzzed requests against the shipped model (FUZZ_EXAMPLES=N)"
+	@echo "  make fuzz            10,000 fuzzed gRPC and 10,000 HTTP requests against the shipped model (FUZZ_EXAMPLES=N)"
 	@echo "  make soak            30 min at half the measured saturation: errors, latency, RSS (SOAK_MINUTES=5)"
 	@echo "  make mutation        mutation testing (mutmut) of server/ with its fast tests; hours: MUTATE='server.service*' or MUTATION_SAMPLE=450"
 	@echo "  make lint            ruff check ."
@@ -175,7 +175,8 @@ stack-test: install
 	bash deploy/stack.sh deps
 	$(PY) -m deploy.stack_test
 
-# The request-path fuzzer of the test suite, long: never INTERNAL/UNKNOWN, a well-formed client unaffected.
+# The request-path fuzzer of the test suite, long, on gRPC and on the HTTP API: never INTERNAL/UNKNOWN
+# nor a 500, no traceback logged, a well-formed client unaffected, descriptors and RSS back.
 FUZZ_EXAMPLES ?= 10000
 fuzz: install bundle
 	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider tests/test_fuzz.py
