@@ -213,14 +213,28 @@ class Validation:
     def load(
         cls, data: Path, tokenizer: Tokenizer, max_len: int, max_tokens: int, bleu_sentences: int
     ) -> Validation:
-        pairs = read_split(data, "valid")
-        novel = [p for p, is_novel in zip(pairs, read_novel(data, "valid"), strict=True) if is_novel]
+        common = load_common_strings(data) if (data / "train.jsonl").exists() else []
+        pairs, novel = read_split(data, "valid"), read_novel(data, "valid")
+        return cls.from_pairs(pairs, novel, common, tokenizer, max_len, max_tokens, bleu_sentences)
+
+    @classmethod
+    def from_pairs(
+        cls,
+        pairs: list[tuple[str, str]],
+        novel_flags: list[bool],
+        common: list[Any],
+        tokenizer: Tokenizer,
+        max_len: int,
+        max_tokens: int,
+        bleu_sentences: int,
+    ) -> Validation:
+        """The same sets from valid pairs already read (model.gpu_train reads them from a pack)."""
+        novel = [p for p, is_novel in zip(pairs, novel_flags, strict=True) if is_novel]
         sample = random.Random(0).sample(pairs, min(len(pairs), 4000))
         valid = tokenize_pairs(tokenizer, sample, max_len)
         lengths = [(len(s), len(t) + 1) for s, t in valid]
         batches = [[valid[i] for i in b] for b in make_batches(lengths, max_tokens, random.Random(0))]
         bleu_sets = {"novel": novel_valid_sample(novel, bleu_sentences), "all": sample[:bleu_sentences]}
-        common = load_common_strings(data) if (data / "train.jsonl").exists() else []
         return cls(batches, bleu_sets, common)
 
     def measure(self, model: Transformer, tokenizer: Tokenizer, device: torch.device) -> dict[str, Any]:
@@ -321,11 +335,20 @@ def repeat_frequent(pairs: list[tuple[str, str]], jsonl: Path) -> list[tuple[str
     target characters) to 261k. Pairs beyond the jsonl (or without one) count once."""
     if not jsonl.exists():
         return pairs
+    return repeat_by_counts(pairs, package_counts(jsonl))
+
+
+def package_counts(jsonl: Path) -> list[int]:
+    """Packages that ship each pair of a split, from its jsonl (model.pack stores them in its pack)."""
     with jsonl.open(encoding="utf-8") as handle:
-        counts = [len(json.loads(line).get("packages") or [None]) for line in handle]
+        return [len(json.loads(line).get("packages") or [None]) for line in handle]
+
+
+def repeat_by_counts(pairs: list[tuple[str, str]], counts: list[int]) -> list[tuple[str, str]]:
+    """Each pair 1 + floor(log2 n) times for its package count n (pairs beyond `counts` once)."""
     repeated = []
     for pair, n in zip(pairs, counts + [1] * (len(pairs) - len(counts)), strict=False):
-        repeated.extend([pair] * (1 + int(math.log2(n))))
+        repeated.extend([pair] * (1 + int(math.log2(max(n, 1)))))
     return repeated
 
 
