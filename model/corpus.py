@@ -580,13 +580,24 @@ def build(
     return manifest
 
 
+def _language_code(code: str) -> str:
+    """--lang: a code of the table (pt-BR too), or a usage error naming the choices."""
+    try:
+        return language(code).code
+    except KeyError as error:
+        raise argparse.ArgumentTypeError(error.args[0]) from None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=Path, default=Path("data"))
     parser.add_argument(
-        "--lang", default=DEFAULT_LANGUAGE, help=f"target language: {', '.join(LANGUAGES)} (default es)"
+        "--lang",
+        default=DEFAULT_LANGUAGE,
+        type=_language_code,
+        help=f"target language: {', '.join(LANGUAGES)} (default es)",
     )
     parser.add_argument(
         "--packages", type=Path, default=DEFAULT_PACKAGE_LIST, help="ranked package list (TSV)"

@@ -5,6 +5,7 @@ runtime/languages.py."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 
 from model.corpus import (
     _MO_PATH,
+    _language_code,
     build,
     help_page_pattern,
     read_catalog_package,
@@ -51,6 +53,9 @@ def test_the_table_names_the_five_languages_and_their_packages():
     assert language("fr").help_packages == ("libreoffice-help-fr", "libreoffice-help-en-us")
     with pytest.raises(KeyError, match="unknown target language"):
         language("xx")
+    assert _language_code("pt-BR") == "pt_BR"  # --lang
+    with pytest.raises(argparse.ArgumentTypeError, match="one of es, fr, de, it, pt_BR"):
+        _language_code("xx")
 
 
 def test_dictionaries_per_language_are_data():
