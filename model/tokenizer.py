@@ -10,7 +10,7 @@ Exact round trip, ``decode(encode(x)) == x``, is a contract:
   * frequent printf/Qt/brace/Python placeholders and markup tags are user-defined pieces, so the model
     sees (and emits) them as atoms.
 
-    python -m model.tokenizer --data data/ --out models/<name>/ [--vocab-size 8000]
+    python -m model.tokenizer --data data/ --out runs/tokenizer/ [--vocab-size 8000]
 """
 
 from __future__ import annotations
@@ -116,7 +116,12 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--data", type=Path, default=Path("data"))
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="a new directory, e.g. runs/tokenizer (never models/: see make tokenizer)",
+    )
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--model-type", choices=["unigram", "bpe"], default="unigram")
     args = parser.parse_args(argv)

@@ -5,7 +5,9 @@ decay, batches by token count over length-sorted buckets, gradient clipping, per
 (loss, BLEU and chrF with sacrebleu), best-checkpoint keeping, resume, fixed seeds.
 
     python -m model.train --data data --tokenizer models/en-es-small/tokenizer.model \\
-        --run-dir runs/en-es-small --release-dir models/en-es-small --config small --hours 2
+        --run-dir runs/en-es-small --release-dir runs/en-es-small/release --config small --hours 2
+
+Training never writes into models/: `make release` promotes a run's weights there.
 
 `--run-dir` keeps the full training state (`last.pt`, with optimizer; resumable, not committed),
 written every `--save-every` steps, at each validation and on SIGTERM/SIGINT, so a run can be stopped at
@@ -71,6 +73,21 @@ class TrainConfig:
     repeat_frequent: int = 1  # 1: a pair shipped by n packages is seen 1 + floor(log2 n) times an epoch
     seed: int = 1234
     threads: int = 0  # 0 = torch default
+
+
+# --help lines of the TrainConfig fields whose names do not say it all.
+OPTION_HELP = {
+    "hours": "stop after this many hours of wall-clock time, checkpointed (0 = no limit)",
+    "max_steps": "stop at this optimizer step; the count goes on from an --init-from release's step "
+    "(0 = no limit)",
+    "cooldown": "end the run with a linear decay of the learning rate to 0 over N steps from now",
+    "patience": "stop once none of the last N validations lowered the best valid loss by --min-delta",
+    "keep_snapshots": "keep the weights of the last N validations in run-dir/snapshots (make average)",
+    "max_tokens": "padded tokens per batch",
+    "max_sentences": "rows per batch (0 = no cap)",
+    "rewarm": "with --init-from: steps to ramp the learning rate back up",
+    "threads": "torch threads (0 = torch's default)",
+}
 
 
 def learning_rate(
@@ -419,7 +436,9 @@ def main(argv: list[str] | None = None) -> None:
         "--max-train-pairs", type=int, default=0, help="use only the first N pairs (smoke runs)"
     )
     for name, value in vars(TrainConfig()).items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+        parser.add_argument(
+            f"--{name.replace('_', '-')}", type=type(value), default=value, help=OPTION_HELP.get(name)
+        )
     args = parser.parse_args(argv)
     cfg = TrainConfig(**{k: getattr(args, k) for k in vars(TrainConfig())})
     if args.release_last:
@@ -577,9 +596,11 @@ def main(argv: list[str] | None = None) -> None:
         batches = make_batches(
             [(len(s), len(t) + 1) for s, t in train], cfg.max_tokens, rng, cfg.max_sentences
         )
+        # A resumed epoch's bar starts where the epoch stopped, not at 0.
         progress = tqdm(
-            batches[epoch_step:], desc=f"epoch {epoch}", unit="batch", mininterval=10, file=sys.stderr
-        )
+            batches[epoch_step:], desc=f"epoch {epoch}", unit="batch", mininterval=10, file=sys.stderr,
+            initial=epoch_step, total=len(batches),
+        )  # fmt: skip
         model.train()
         window_tokens, window_start = 0, time.time()
         for batch in progress:
