@@ -161,6 +161,8 @@ def export_bundle(
             "version": version,
             "source_language": source_language,
             "target_language": target_language,
+            # What the server routes to this bundle (runtime.bundle.manifest_pairs).
+            "pairs": [[source_language, target_language]],
             "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "vocab_size": cfg.vocab_size,
             "special_ids": {"pad": cfg.pad_id, "bos": cfg.bos_id, "eos": cfg.eos_id, "unk": Tokenizer.unk_id},

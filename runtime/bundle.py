@@ -101,6 +101,25 @@ def load_manifest(bundle_dir: str | Path, variant: str | None = None, verify: bo
     return manifest
 
 
+def manifest_pairs(manifest: dict[str, Any]) -> list[tuple[str, str]]:
+    """The language pairs (source, target) a bundle serves, as its manifest declares them: "pairs"
+    ([[source, target], ...]), or for bundles exported before it existed the one pair
+    source_language -> target_language. A pair is data: the server routes by it and never by code."""
+    pairs = manifest.get("pairs")
+    if pairs is None:
+        return [(str(manifest["source_language"]), str(manifest["target_language"]))]
+    ok = (
+        isinstance(pairs, list)
+        and pairs
+        and all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(c, str) and c for c in p) for p in pairs
+        )
+    )
+    if not ok:
+        raise BundleError(f"manifest pairs must be a non-empty list of [source, target] codes, got {pairs!r}")
+    return [(p[0], p[1]) for p in pairs]
+
+
 def verify_file(bundle_dir: Path, rel: str, entry: dict[str, Any]) -> None:
     path = bundle_dir / rel
     if not path.is_file():

@@ -37,7 +37,7 @@ from server.logs import LoopErrorLimiter
 from server.metrics import Metrics
 from server.scheduler import Scheduler
 from server.service import SERVICE_NAME, Backend, TranslatorService, add_to_server
-from server.store import resolve_bundle
+from server.store import bundle_pairs, resolve_bundles
 
 log = logging.getLogger("server")
 
@@ -140,7 +140,9 @@ class TranslatorServer:
         self.server: grpc.aio.Server | None = None
         self.scheduler: Scheduler | None = None
         self.engine: Any = None
-        self.bundle_dir: Path | None = None
+        self.bundle_dir: Path | None = None  # the default model's bundle
+        self.bundle_dirs: list[Path] = []  # every bundle served (server/store.py resolve_bundles)
+        self.schedulers: list[Scheduler] = []  # one per model: its own queue and running batch
         self.port = 0
         self.metrics_port = 0
         self.load_error: BaseException | None = None
@@ -153,7 +155,9 @@ class TranslatorServer:
         """Resolve the bundle (raises server.store.StoreError, nothing bound yet, when there is none to
         serve), open the ports and start loading the model in the background."""
         cfg = self.config
-        self.bundle_dir = resolve_bundle(cfg.model_dir, cfg.bundles_dir)
+        self.bundle_dirs = resolve_bundles(cfg.model_dir, cfg.bundles_dir, cfg.models)
+        self.pairs = [bundle_pairs(b) for b in self.bundle_dirs]  # StoreError before anything binds
+        self.bundle_dir = self.bundle_dirs[0]
         interceptors = [BearerTokenInterceptor(cfg.auth_token, self.metrics)] if cfg.auth_token else []
         self.server = grpc.aio.server(
             interceptors=interceptors,
@@ -246,47 +250,27 @@ class TranslatorServer:
         cfg = self.config
         try:
             start = time.monotonic()
-            bundle_dir = self.bundle_dir
-            log.info(
-                "loading model",
-                extra={
-                    "fields": {
-                        "bundle": str(bundle_dir),
-                        "variant": cfg.variant,
-                        "device": cfg.device,
-                        "threads": cfg.threads,
-                    }
-                },
-            )
-            engine = await asyncio.to_thread(self.engine_factory, bundle_dir, cfg)
-            if cfg.warmup:
-                await asyncio.to_thread(engine.warmup)
-            self.engine = engine
-            self.scheduler = Scheduler(
-                engine,
-                self.metrics,
-                mode=cfg.effective_batching_mode,
-                max_batch_tokens=cfg.max_batch_tokens,
-                max_batch_segments=cfg.max_batch_segments,
-                max_wait_ms=cfg.max_wait_ms,
-                max_queue_segments=cfg.max_queue_segments,
-                max_running_tokens=cfg.max_running_tokens,
-                max_running_rows=cfg.max_running_rows or (512 if getattr(engine, "on_cuda", False) else 64),
-                max_admit_wait_steps=cfg.max_admit_wait_steps,
-            )
+            backends = []
+            for bundle_dir, pairs in zip(self.bundle_dirs, self.pairs, strict=True):
+                backends.append(await self._load_model(bundle_dir, pairs))
+                if self._stopping:
+                    return
+            # A pair served twice is refused here (ValueError), before health turns SERVING.
+            self.service.core.set_backends(backends)
+            default = self.service.core.require_backend()
+            self.engine, self.scheduler = default.engine, default.scheduler
+            self.bundle_dir = self.bundle_dirs[[b.engine for b in backends].index(default.engine)]
             self.metrics.queue_capacity.set(cfg.max_queue_segments)
-            # What GetModelInfo reports and the log says: the mode in effect, after any fallback.
-            self.service.backend = Backend(
-                engine, self.scheduler, cfg.variant, self.scheduler.batching, self.scheduler.mode
-            )
-            self.metrics.set_model(
-                name=str(engine.name),
-                version=str(engine.version),
-                variant=cfg.variant,
-                source_language=str(engine.source_language),
-                target_language=str(engine.target_language),
-                providers=[str(p) for p in engine.providers],
-            )
+            self.metrics.model_info.clear()
+            for b in backends:
+                self.metrics.add_model(
+                    name=str(b.engine.name),
+                    version=str(b.engine.version),
+                    variant=cfg.variant,
+                    source_language=str(b.engine.source_language),
+                    target_language=str(b.engine.target_language),
+                    providers=[str(p) for p in b.engine.providers],
+                )
             if self._stopping:
                 return
             await self._set_health(True)
@@ -295,13 +279,15 @@ class TranslatorServer:
                 "model ready; serving",
                 extra={
                     "fields": {
-                        "name": engine.name,
-                        "version": engine.version,
-                        "providers": list(engine.providers),
-                        "max_source_tokens": engine.max_source_tokens,
-                        "batching": self.scheduler.batching,
-                        "batching_mode": self.scheduler.mode,
-                        "threads": threads_in_use(engine),
+                        "name": default.engine.name,
+                        "version": default.engine.version,
+                        "providers": list(default.engine.providers),
+                        "max_source_tokens": default.engine.max_source_tokens,
+                        "batching": default.scheduler.batching,
+                        "batching_mode": default.scheduler.mode,
+                        "threads": threads_in_use(default.engine),
+                        "models": [b.engine.name for b in backends],
+                        "pairs": [f"{s}->{t}" for b in backends for s, t in b.served],
                         "load_seconds": round(time.monotonic() - start, 2),
                     }
                 },
@@ -312,6 +298,40 @@ class TranslatorServer:
             log.error("model failed to load", exc_info=True, extra={"fields": {"error": str(e)}})
         finally:
             self._ready.set()
+
+    async def _load_model(self, bundle_dir: Path, pairs: tuple[tuple[str, str], ...]) -> Backend:
+        """One model of the store: its engine (warmed up) and its own scheduler (queue and running
+        batch), so one model's load never waits behind another's batch (docs/service.md)."""
+        cfg = self.config
+        log.info(
+            "loading model",
+            extra={
+                "fields": {
+                    "bundle": str(bundle_dir),
+                    "variant": cfg.variant,
+                    "device": cfg.device,
+                    "threads": cfg.threads,
+                }
+            },
+        )
+        engine = await asyncio.to_thread(self.engine_factory, bundle_dir, cfg)
+        if cfg.warmup:
+            await asyncio.to_thread(engine.warmup)
+        scheduler = Scheduler(
+            engine,
+            self.metrics,
+            mode=cfg.effective_batching_mode,
+            max_batch_tokens=cfg.max_batch_tokens,
+            max_batch_segments=cfg.max_batch_segments,
+            max_wait_ms=cfg.max_wait_ms,
+            max_queue_segments=cfg.max_queue_segments,
+            max_running_tokens=cfg.max_running_tokens,
+            max_running_rows=cfg.max_running_rows or (512 if getattr(engine, "on_cuda", False) else 64),
+            max_admit_wait_steps=cfg.max_admit_wait_steps,
+        )
+        self.schedulers.append(scheduler)
+        # What GetModelInfo reports and the log says: the mode in effect, after any fallback.
+        return Backend(engine, scheduler, cfg.variant, scheduler.batching, scheduler.mode, pairs)
 
     async def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until the model is loaded (or failed to: raises the load error)."""
@@ -346,8 +366,8 @@ class TranslatorServer:
         await asyncio.gather(*stops)
         if self._load_task is not None and not self._load_task.done():
             self._load_task.cancel()
-        if self.scheduler is not None:
-            await asyncio.to_thread(self.scheduler.stop, 10.0)
+        for scheduler in self.schedulers:
+            await asyncio.to_thread(scheduler.stop, 10.0)
         self.metrics.close()
         self._stopped.set()
         log.info("stopped")

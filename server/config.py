@@ -28,6 +28,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 class ServerConfig:
     model_dir: str = ""  # bundle dir (manifest.json); "" = <bundles_dir>/en-es-small (server/store.py)
     bundles_dir: str = ""  # the model store: where the default bundle is; "" = <repo>/bundles
+    models: str = ""  # comma-separated bundles to serve (paths or names in bundles_dir); "" = model_dir
     host: str = "0.0.0.0"
     port: int = 50051  # 0 = any free port
     metrics_host: str = ""  # "" = same as host
@@ -212,6 +213,9 @@ HELP = {
     "models/en-es-small (`make bundle` exports it)",
     "bundles_dir": "the model store: where the default bundle en-es-small is, and where the export "
     "command suggested for a checkpoint writes (default: <repo>/bundles)",
+    "models": "several models: comma-separated bundle dirs or names of bundles in the bundles dir, each "
+    "serving the language pairs its manifest declares (default: model_dir; a model_dir holding bundles "
+    "in its subdirectories serves all of them)",
     "host": "address to listen on",
     "port": "gRPC port, 0..65535 (0 = any free port)",
     "metrics_host": "address of the Prometheus /metrics endpoint (default: --host)",

@@ -42,6 +42,7 @@ from server.files import (
     safe_name,
 )
 from server.http_limits import ConnectionGuard, HttpLimits
+from server.languages import DEFAULT_PAIR, bcp47, name_of
 from server.metrics import Metrics
 from server.translate import Failure, OptionRequest, TranslationCore
 
@@ -404,19 +405,17 @@ class HttpApi:
                 fields["error"] = message
             log.info("request", extra={"fields": fields})
 
-    def _check_languages(self, params: dict[str, Any]) -> bool:
-        """source/target against the model's pair; True when the source was "auto"."""
-        engine = self.core.require_backend().engine
+    def _check_languages(self, params: dict[str, Any]) -> tuple[bool, tuple[str, str]]:
+        """source/target routed by the shared path (server/translate.py route: the served pairs, codes
+        as LibreTranslate clients send them, pt-BR / pt_BR / pt alike): whether the source was "auto",
+        and the served pair. "auto" is the source the target is served from (English)."""
         for name in ("source", "target"):
             if not params.get(name):
                 raise HttpError(400, f"Invalid request: missing {name} parameter")
-        source, target = str(params["source"]).lower(), str(params["target"]).lower()
-        pair = f"{engine.source_language} -> {engine.target_language}"
-        if source not in ("auto", engine.source_language):
-            raise HttpError(400, f"{source} is not supported as source: the model translates {pair}")
-        if target != engine.target_language:
-            raise HttpError(400, f"{target} is not supported as target: the model translates {pair}")
-        return source == "auto"
+        source, target = str(params["source"]).lower(), str(params["target"])
+        auto = source == "auto"
+        _, pair = self.core.route("" if auto else source, target)
+        return auto, pair
 
     # ---- routes -------------------------------------------------------------------------------------
 
@@ -431,13 +430,11 @@ class HttpApi:
         return web.json_response({"status": status}, status=200 if serving else 503)
 
     async def languages(self, request: web.Request) -> web.Response:
-        backend = self.core.backend
-        pair = (backend.engine.source_language, backend.engine.target_language) if backend else ("en", "es")
+        # LibreTranslate's format, from the loaded models' pairs: each code once, with its real targets.
+        pairs = [(bcp47(s), bcp47(t)) for s, t in self.core.pairs] or [DEFAULT_PAIR]
+        codes = list(dict.fromkeys(code for pair in pairs for code in pair))
         return web.json_response(
-            [
-                {"code": pair[0], "name": LANGUAGE_NAMES.get(pair[0], pair[0]), "targets": [pair[1]]},
-                {"code": pair[1], "name": LANGUAGE_NAMES.get(pair[1], pair[1]), "targets": []},
-            ]
+            [{"code": c, "name": name_of(c), "targets": [t for s, t in pairs if s == c]} for c in codes]
         )
 
     async def settings(self, request: web.Request) -> web.Response:
@@ -477,12 +474,12 @@ class HttpApi:
         fmt = str(params.get("format") or "text")
         if fmt not in ("text", "html"):
             raise HttpError(400, f"Invalid request: format must be text or html, got {fmt!r}")
-        auto = self._check_languages(params)
+        auto, pair = self._check_languages(params)
         alternatives = int_param(params, "alternatives")
         timeout_ms = int_param(params, "timeout_ms")  # an extension: a deadline as gRPC clients have
         options = OptionRequest()
         if alternatives:
-            engine = self.core.require_backend().engine
+            engine = self.core.route(*pair)[0].engine
             n = alternatives + 1
             if n > engine.max_beam_size:
                 raise HttpError(
@@ -494,14 +491,16 @@ class HttpApi:
             options = OptionRequest(beam_size=max(n, engine.default_options.beam_size), num_hypotheses=n)
         deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms else None
         # format=html goes through the same path: the text layer keeps tags and entities as spans.
-        results = await self.core.translate(texts, options, (), deadline, request_id, stats)
+        results = await self.core.translate(
+            texts, options, (), deadline, request_id, stats, source_language=pair[0], target_language=pair[1]
+        )
         best = [hyps[0].text if hyps else "" for hyps in results]
         body: dict[str, Any] = {"translatedText": best if batch else best[0]}
         if alternatives:
             alts = [[h.text for h in hyps[1:]] for hyps in results]
             body["alternatives"] = alts if batch else alts[0]
         if auto:
-            detected = {"confidence": 100.0, "language": self.core.require_backend().engine.source_language}
+            detected = {"confidence": 100.0, "language": pair[0]}
             body["detectedLanguage"] = [detected] * len(texts) if batch else detected
         return web.json_response(body)
 
@@ -514,7 +513,13 @@ class HttpApi:
         upload = params.get("file")
         if not isinstance(upload, web.FileField):
             raise HttpError(400, "Invalid request: missing file parameter (a multipart file upload)")
-        self._check_languages(params)
+        _, pair = self._check_languages(params)
+        default = self.core.require_backend().served[0]
+        if pair != default:
+            # server/files.py translates with the default model (it names no pair yet).
+            raise HttpError(
+                400, f"file translation serves {default[0]} -> {default[1]} only, not {pair[0]} -> {pair[1]}"
+            )
         name = safe_name(upload.filename)
         if not name:
             raise HttpError(400, f"Invalid request: the file's name {upload.filename!r} has no usable name")

@@ -178,7 +178,28 @@ class Metrics:
         target_language: str,
         providers: list[str],
     ) -> None:
+        """The one loaded model's info series (replacing any before)."""
         self.model_info.clear()
+        self.add_model(
+            name=name,
+            version=version,
+            variant=variant,
+            source_language=source_language,
+            target_language=target_language,
+            providers=providers,
+        )
+
+    def add_model(
+        self,
+        *,
+        name: str,
+        version: str,
+        variant: str,
+        source_language: str,
+        target_language: str,
+        providers: list[str],
+    ) -> None:
+        """One more loaded model's info series (several models: one series each)."""
         self.model_info.labels(
             name=name,
             version=version,

@@ -92,6 +92,11 @@ def add_to_server(servicer: TranslatorService, server: grpc.aio.Server) -> None:
             request_deserializer=_lenient(pb.GetModelInfoRequest),
             response_serializer=pb.GetModelInfoResponse.SerializeToString,
         ),
+        "ListModels": grpc.unary_unary_rpc_method_handler(
+            servicer.ListModels,
+            request_deserializer=_lenient(pb.ListModelsRequest),
+            response_serializer=pb.ListModelsResponse.SerializeToString,
+        ),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
@@ -256,6 +261,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         request_id: str,
         stats: dict,
         literal_markers: bool = False,
+        pair: tuple[str, str] = ("", ""),
     ) -> list[pb.Translation]:
         """The shared path (server/translate.py) with proto in and out; raises RpcFailure."""
         try:
@@ -267,6 +273,8 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                 request_id,
                 stats,
                 accelerators=not literal_markers,
+                source_language=pair[0],
+                target_language=pair[1],
             )
         except Failure as f:
             raise rpc_failure(f) from None
@@ -313,6 +321,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                 request_id,
                 stats,
                 request.literal_markers,
+                (request.source_language, request.target_language),
             )
         except RpcFailure as f:
             self.metrics.in_flight.dec()
@@ -363,6 +372,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                 item_id,
                 stats,
                 req.literal_markers,
+                (req.source_language, req.target_language),
             )
         except RpcFailure as f:
             self._record("TranslateStream", item_id, f.code, start, stats, f.message, item=True)
@@ -458,16 +468,9 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                 fields["error"] = message
             log.info("stream", extra={"fields": fields})
 
-    async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext):
-        start = time.monotonic()
-        request_id = _request_id(context)
-        try:
-            backend = self._backend()
-        except RpcFailure as f:
-            self._record("GetModelInfo", request_id, f.code, start, {}, f.message)
-            await context.abort(f.code, f.message)
+    def _model_info(self, backend: Backend) -> pb.GetModelInfoResponse:
         e = backend.engine
-        response = pb.GetModelInfoResponse(
+        return pb.GetModelInfoResponse(
             name=e.name,
             version=e.version,
             source_language=e.source_language,
@@ -487,6 +490,37 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             batching=backend.batching,
             batching_mode=backend.batching_mode,
             translation_memory_entries=e.memory_entries,
+            pairs=[pb.LanguagePair(source_language=s, target_language=t) for s, t in backend.served],
         )
+
+    async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext):
+        start = time.monotonic()
+        request_id = _request_id(context)
+        try:
+            if isinstance(request, Undecodable):
+                raise request.failure()
+            try:
+                backend, _ = self.core.route(request.source_language, request.target_language)
+            except Failure as f:
+                raise rpc_failure(f) from None
+        except RpcFailure as f:
+            self._record("GetModelInfo", request_id, f.code, start, {}, f.message)
+            await context.abort(f.code, f.message)
+        response = self._model_info(backend)
         self._record("GetModelInfo", request_id, grpc.StatusCode.OK, start, {})
+        return response
+
+    async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext):
+        start = time.monotonic()
+        request_id = _request_id(context)
+        try:
+            if isinstance(request, Undecodable):
+                raise request.failure()
+            default = self._backend()
+        except RpcFailure as f:
+            self._record("ListModels", request_id, f.code, start, {}, f.message)
+            await context.abort(f.code, f.message)
+        others = [b for b in self.core.backends if b is not default]
+        response = pb.ListModelsResponse(models=[self._model_info(b) for b in (default, *others)])
+        self._record("ListModels", request_id, grpc.StatusCode.OK, start, {})
         return response

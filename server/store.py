@@ -8,6 +8,11 @@ nothing else:
   the bundle `make bundle` exports from the shipped checkpoint models/en-es-small. When that checkpoint
   is in the checkout, the bundle must exist and be at least as new as its weights (model.safetensors).
 
+Several models (docs/service.md, "Several models"): --models / TRANSLATOR_MODELS (comma-separated bundle
+dirs, or names of bundles in the bundles dir) serves those; a --model-dir that is not a bundle but holds
+bundles in its subdirectories serves all of them. `resolve_bundles` returns the list; each bundle's
+manifest declares the language pairs it serves (runtime.bundle.manifest_pairs).
+
 The server never exports at start-up (that needs PyTorch, which the runtime does not install, and takes
 minutes): a training checkpoint (config.json + model.safetensors) given as the model dir, a missing
 default bundle or one older than the shipped checkpoint stop the start with a StoreError whose message
@@ -16,9 +21,11 @@ is the command that makes the bundle. Resolving reads file metadata only.
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
+from runtime.bundle import BundleError, manifest_pairs
 from runtime.faithful.lexicon import LEXICON_FILE
 from runtime.faithful.memory import MEMORY_FILE
 
@@ -104,6 +111,52 @@ def resolve_bundle(
     raise StoreError(
         f"{path} is neither a model bundle ({MANIFEST}) nor a checkpoint (config.json + model.safetensors)"
     )
+
+
+def bundle_pairs(bundle: Path) -> tuple[tuple[str, str], ...]:
+    """The language pairs `bundle`'s manifest declares; () when it names no languages at all (the
+    engine's own source/target languages then stand for it). StoreError for malformed pairs."""
+    try:
+        manifest = json.loads((bundle / MANIFEST).read_text(encoding="utf-8"))
+        return tuple(manifest_pairs(manifest))
+    except KeyError:
+        return ()
+    except (OSError, ValueError, BundleError) as e:
+        raise StoreError(f"{bundle / MANIFEST}: {e}") from e
+
+
+def store_bundles(path: Path) -> list[Path]:
+    """The bundles in the subdirectories of `path`, by name; [] when it holds none."""
+    if not path.is_dir():
+        return []
+    return sorted((p for p in path.iterdir() if p.is_dir() and is_bundle(p)), key=lambda p: p.name)
+
+
+def resolve_bundles(
+    model_dir: str | Path = "",
+    bundles_dir: str | Path = "",
+    models: str = "",
+    checkpoint: Path = DEFAULT_CHECKPOINT_DIR,
+) -> list[Path]:
+    """The bundle dirs to serve, in order: `models` (comma-separated paths or names in `bundles_dir`),
+    else every bundle under a `model_dir` that is a store of bundles, else `resolve_bundle`'s one."""
+    root = Path(bundles_dir) if bundles_dir else DEFAULT_BUNDLES_DIR
+    names = [m.strip() for m in models.split(",") if m.strip()]
+    if names:
+        out = []
+        for name in names:
+            path = Path(name)
+            if not is_bundle(path) and is_bundle(root / name):
+                path = root / name
+            out.append(resolve_bundle(path, root, checkpoint))
+        if len({p.resolve() for p in out}) != len(out):
+            raise StoreError(f"models lists a bundle twice: {models}")
+        return out
+    if model_dir and not is_bundle(Path(model_dir)) and not is_checkpoint(Path(model_dir)):
+        found = store_bundles(Path(model_dir))
+        if found:
+            return found
+    return [resolve_bundle(model_dir, bundles_dir, checkpoint)]
 
 
 def _default_bundle(bundle: Path, checkpoint: Path) -> Path:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from runtime import decoding
 from runtime.faithful.spans import InvalidGlossaryError, make_glossary
 from server.contract import DecodingOptions, Hypothesis, InvalidOptionsError, Prepared, TranslationEngine
+from server.languages import DEFAULT_PAIR, Pair, bcp47, resolve_code, show_pairs
 from server.metrics import Metrics
 from server.scheduler import (
     EngineFailure,
@@ -57,6 +58,13 @@ class Backend:
     variant: str
     batching: bool
     batching_mode: str  # off | request | inflight: the scheduler's mode in effect (after any fallback)
+    # The language pairs this model serves (its manifest's; runtime.bundle.manifest_pairs); empty = the
+    # engine's source_language -> target_language.
+    pairs: tuple[Pair, ...] = ()
+
+    @property
+    def served(self) -> tuple[Pair, ...]:
+        return self.pairs or ((str(self.engine.source_language), str(self.engine.target_language)),)
 
 
 @dataclass(frozen=True)
@@ -96,13 +104,65 @@ class TranslationCore:
         self.metrics = metrics
         self.max_texts = max_texts
         self.max_queue_segments = max_queue_segments
-        self.backend: Backend | None = None
+        self.backends: tuple[Backend, ...] = ()  # every loaded model, in the store's order
         self.unavailable_reason = "the model is loading; retry shortly"
 
+    @property
+    def backend(self) -> Backend | None:
+        """The default model: the one serving en->es (what a request naming no pair gets), else the
+        first loaded; None while loading."""
+        for b in self.backends:
+            if DEFAULT_PAIR in b.served:
+                return b
+        return self.backends[0] if self.backends else None
+
+    @backend.setter
+    def backend(self, value: Backend | None) -> None:
+        self.backends = () if value is None else (value,)
+
+    def set_backends(self, backends: Sequence[Backend]) -> None:
+        """Serve these models; a pair served by two of them is a configuration error (ValueError)."""
+        seen: dict[Pair, Backend] = {}
+        for b in backends:
+            for pair in b.served:
+                key = (bcp47(pair[0]), bcp47(pair[1]))
+                if key in seen:
+                    raise ValueError(
+                        f"{key[0]}->{key[1]} is served by two models ({seen[key].engine.name} and "
+                        f"{b.engine.name}): serve one of them"
+                    )
+                seen[key] = b
+        self.backends = tuple(backends)
+
+    @property
+    def pairs(self) -> list[Pair]:
+        return [pair for b in self.backends for pair in b.served]
+
     def require_backend(self) -> Backend:
-        if self.backend is None:
+        backend = self.backend
+        if backend is None:
             raise Failure(UNAVAILABLE, self.unavailable_reason)
-        return self.backend
+        return backend
+
+    def route(self, source: str = "", target: str = "") -> tuple[Backend, Pair]:
+        """The model that serves `source` -> `target` and the pair as it serves it; Failure(INVALID)
+        naming the served pairs when none does. Empty both = the default model; an empty source is
+        "en"; an empty target is the source's only target, else "es"."""
+        default = self.require_backend()
+        if not source and not target:
+            return default, default.served[0]
+        pairs = self.pairs
+        served = f"the model{'s translate' if len(self.backends) > 1 else ' translates'} {show_pairs(pairs)}"
+        src = resolve_code(source or DEFAULT_PAIR[0], [s for s, _ in pairs])
+        if src is None:
+            raise Failure(INVALID, f"{source} is not supported as source: {served}")
+        targets = [t for s, t in pairs if s == src]
+        if not target and len(set(targets)) == 1:
+            target = targets[0]
+        tgt = resolve_code(target or DEFAULT_PAIR[1], targets)
+        if tgt is None:
+            raise Failure(INVALID, f"{target or DEFAULT_PAIR[1]} is not supported as target: {served}")
+        return next(b for b in self.backends if (src, tgt) in b.served), (src, tgt)
 
     def validate_texts(self, texts: Sequence[str]) -> None:
         """Check the text count (lengths are the text layer's: Engine.prepare)."""
@@ -124,12 +184,17 @@ class TranslationCore:
         request_id: str = "-",
         stats: dict | None = None,
         accelerators: bool = True,
+        source_language: str = "",
+        target_language: str = "",
     ) -> list[list[Hypothesis]]:
         """One n-best list per text (best first, after the text layer); raises Failure.
         `deadline` is time.monotonic() based; `stats` receives the request's counters for the log;
-        `accelerators`: the text layer moves menu accelerators (False for files: see server.files)."""
+        `accelerators`: the text layer moves menu accelerators (False for files: see server.files);
+        `source_language` / `target_language`: the pair, routed by `route` ("" = the default)."""
         stats = {} if stats is None else stats
-        backend = self.require_backend()
+        backend, _ = self.route(source_language, target_language)
+        if len(self.backends) > 1:
+            stats["model"] = backend.engine.name
         engine = backend.engine
         self.validate_texts(texts)
         engine_options = resolve(engine, options)

@@ -63,7 +63,7 @@ def test_service_shape():
     service = pb.DESCRIPTOR.services_by_name["Translator"]
     assert service.full_name == "translator.v1.Translator"
     methods = {m.name: m for m in service.methods}
-    assert set(methods) == {"Translate", "TranslateStream", "GetModelInfo"}
+    assert set(methods) == {"Translate", "TranslateStream", "GetModelInfo", "ListModels"}
     for name, m in methods.items():
         assert m.input_type.name == f"{name}Request"
         assert m.output_type.name == f"{name}Response"
@@ -84,7 +84,16 @@ def test_message_fields():
         "options",
         "glossary",
         "literal_markers",
+        "source_language",
+        "target_language",
     }
+    # The pair: new numbers, the same on a stream item as on a request of its own.
+    numbers = {f.name: f.number for f in pb.TranslateRequest.DESCRIPTOR.fields}
+    assert (numbers["source_language"], numbers["target_language"]) == (5, 6)
+    assert {"source_language", "target_language"} <= set(pb.TranslateStreamRequest.DESCRIPTOR.fields_by_name)
+    assert {"pairs"} <= set(pb.GetModelInfoResponse.DESCRIPTOR.fields_by_name)
+    models = pb.ListModelsResponse.DESCRIPTOR.fields_by_name["models"]
+    assert models.message_type.name == "GetModelInfoResponse"
     assert set(pb.Hypothesis.DESCRIPTOR.fields_by_name) == {"text", "score"}
     assert {"request_id", "texts", "options"} <= set(pb.TranslateStreamRequest.DESCRIPTOR.fields_by_name)
     assert {"request_id", "translations", "status"} <= set(

@@ -190,7 +190,8 @@ def test_health_and_reflection(shipped_server):
         services = set(db.get_services())
         assert {"translator.v1.Translator", "grpc.health.v1.Health"} <= services
         service = DescriptorPool(db).FindServiceByName("translator.v1.Translator")
-        assert {m.name for m in service.methods} == {"Translate", "TranslateStream", "GetModelInfo"}
+        methods = {m.name for m in service.methods}
+        assert methods == {"Translate", "TranslateStream", "GetModelInfo", "ListModels"}
 
         # A grpc.reflection.v1 client (grpcurl and most tools try v1 first). v1 and v1alpha messages are
         # the same on the wire, so grpcio-reflection's v1alpha classes encode the v1 protocol.
@@ -227,7 +228,7 @@ def test_health_and_reflection(shipped_server):
 
         (translator_file,) = [f for f in files(translator) if f.package == "translator.v1"]
         (rpcs,) = [s.method for s in translator_file.service if s.name == "Translator"]
-        assert {m.name for m in rpcs} == {"Translate", "TranslateStream", "GetModelInfo"}
+        assert {m.name for m in rpcs} == {"Translate", "TranslateStream", "GetModelInfo", "ListModels"}
         (v1_file,) = files(reflection_v1)
         assert (v1_file.name, v1_file.package) == (
             "grpc/reflection/v1/reflection.proto",

@@ -25,41 +25,47 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1etranslator/v1/translator.proto\x12\rtranslator.v1\"\x8b\x02\n\x0f\x44\x65\x63odingOptions\x12\x11\n\tbeam_size\x18\x01 \x01(\x05\x12\x16\n\x0enum_hypotheses\x18\x02 \x01(\x05\x12\x12\n\nmax_length\x18\x03 \x01(\x05\x12\x1b\n\x0elength_penalty\x18\x04 \x01(\x02H\x00\x88\x01\x01\x12\x15\n\rreturn_scores\x18\x05 \x01(\x08\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x02H\x01\x88\x01\x01\x12!\n\x14no_repeat_ngram_size\x18\x07 \x01(\x05H\x02\x88\x01\x01\x42\x11\n\x0f_length_penaltyB\x15\n\x13_repetition_penaltyB\x17\n\x15_no_repeat_ngram_size\"/\n\rGlossaryEntry\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\"8\n\nHypothesis\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x12\n\x05score\x18\x02 \x01(\x02H\x00\x88\x01\x01\x42\x08\n\x06_score\"\xd1\x01\n\x0bSegmentNote\x12\x31\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32!.translator.v1.SegmentNote.Action\x12\r\n\x05start\x18\x02 \x01(\x05\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x05\x12\x0e\n\x06reason\x18\x04 \x01(\t\"c\n\x06\x41\x63tion\x12\x16\n\x12\x41\x43TION_UNSPECIFIED\x10\x00\x12\x19\n\x15\x41\x43TION_PASSED_THROUGH\x10\x01\x12\x13\n\x0f\x41\x43TION_REPAIRED\x10\x02\x12\x11\n\rACTION_MEMORY\x10\x03\"g\n\x0bTranslation\x12-\n\nhypotheses\x18\x01 \x03(\x0b\x32\x19.translator.v1.Hypothesis\x12)\n\x05notes\x18\x02 \x03(\x0b\x32\x1a.translator.v1.SegmentNote\"\x9b\x01\n\x10TranslateRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12/\n\x07options\x18\x02 \x01(\x0b\x32\x1e.translator.v1.DecodingOptions\x12.\n\x08glossary\x18\x03 \x03(\x0b\x32\x1c.translator.v1.GlossaryEntry\x12\x17\n\x0fliteral_markers\x18\x04 \x01(\x08\"E\n\x11TranslateResponse\x12\x30\n\x0ctranslations\x18\x01 \x03(\x0b\x32\x1a.translator.v1.Translation\"\xc9\x01\n\x16TranslateStreamRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12/\n\x07options\x18\x03 \x01(\x0b\x32\x1e.translator.v1.DecodingOptions\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x05\x12.\n\x08glossary\x18\x05 \x03(\x0b\x32\x1c.translator.v1.GlossaryEntry\x12\x17\n\x0fliteral_markers\x18\x06 \x01(\x08\"C\n\nItemStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x16\n\x0eretry_after_ms\x18\x03 \x01(\x05\"\x8a\x01\n\x17TranslateStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x30\n\x0ctranslations\x18\x02 \x03(\x0b\x32\x1a.translator.v1.Translation\x12)\n\x06status\x18\x03 \x01(\x0b\x32\x19.translator.v1.ItemStatus\"\x15\n\x13GetModelInfoRequest\"\xbe\x01\n\x06Limits\x12\x1d\n\x15max_texts_per_request\x18\x01 \x01(\x05\x12\x19\n\x11max_source_tokens\x18\x02 \x01(\x05\x12\x15\n\rmax_beam_size\x18\x03 \x01(\x05\x12\x12\n\nmax_length\x18\x04 \x01(\x05\x12\x19\n\x11max_request_bytes\x18\x05 \x01(\x05\x12\x16\n\x0emax_text_chars\x18\x06 \x01(\x05\x12\x1c\n\x14max_glossary_entries\x18\x07 \x01(\x05\"\xc2\x02\n\x14GetModelInfoResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x17\n\x0fsource_language\x18\x03 \x01(\t\x12\x17\n\x0ftarget_language\x18\x04 \x01(\t\x12%\n\x06limits\x18\x05 \x01(\x0b\x32\x15.translator.v1.Limits\x12\x37\n\x0f\x64\x65\x66\x61ult_options\x18\x06 \x01(\x0b\x32\x1e.translator.v1.DecodingOptions\x12\x1b\n\x13\x65xecution_providers\x18\x07 \x03(\t\x12\x0f\n\x07variant\x18\x08 \x01(\t\x12\x10\n\x08\x62\x61tching\x18\t \x01(\x08\x12\x15\n\rbatching_mode\x18\n \x01(\t\x12\"\n\x1atranslation_memory_entries\x18\x0b \x01(\x05\x32\x9b\x02\n\nTranslator\x12N\n\tTranslate\x12\x1f.translator.v1.TranslateRequest\x1a .translator.v1.TranslateResponse\x12\x64\n\x0fTranslateStream\x12%.translator.v1.TranslateStreamRequest\x1a&.translator.v1.TranslateStreamResponse(\x01\x30\x01\x12W\n\x0cGetModelInfo\x12\".translator.v1.GetModelInfoRequest\x1a#.translator.v1.GetModelInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1etranslator/v1/translator.proto\x12\rtranslator.v1\"@\n\x0cLanguagePair\x12\x17\n\x0fsource_language\x18\x01 \x01(\t\x12\x17\n\x0ftarget_language\x18\x02 \x01(\t\"\x8b\x02\n\x0f\x44\x65\x63odingOptions\x12\x11\n\tbeam_size\x18\x01 \x01(\x05\x12\x16\n\x0enum_hypotheses\x18\x02 \x01(\x05\x12\x12\n\nmax_length\x18\x03 \x01(\x05\x12\x1b\n\x0elength_penalty\x18\x04 \x01(\x02H\x00\x88\x01\x01\x12\x15\n\rreturn_scores\x18\x05 \x01(\x08\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x02H\x01\x88\x01\x01\x12!\n\x14no_repeat_ngram_size\x18\x07 \x01(\x05H\x02\x88\x01\x01\x42\x11\n\x0f_length_penaltyB\x15\n\x13_repetition_penaltyB\x17\n\x15_no_repeat_ngram_size\"/\n\rGlossaryEntry\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\"8\n\nHypothesis\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x12\n\x05score\x18\x02 \x01(\x02H\x00\x88\x01\x01\x42\x08\n\x06_score\"\xd1\x01\n\x0bSegmentNote\x12\x31\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32!.translator.v1.SegmentNote.Action\x12\r\n\x05start\x18\x02 \x01(\x05\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x05\x12\x0e\n\x06reason\x18\x04 \x01(\t\"c\n\x06\x41\x63tion\x12\x16\n\x12\x41\x43TION_UNSPECIFIED\x10\x00\x12\x19\n\x15\x41\x43TION_PASSED_THROUGH\x10\x01\x12\x13\n\x0f\x41\x43TION_REPAIRED\x10\x02\x12\x11\n\rACTION_MEMORY\x10\x03\"g\n\x0bTranslation\x12-\n\nhypotheses\x18\x01 \x03(\x0b\x32\x19.translator.v1.Hypothesis\x12)\n\x05notes\x18\x02 \x03(\x0b\x32\x1a.translator.v1.SegmentNote\"\xcd\x01\n\x10TranslateRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12/\n\x07options\x18\x02 \x01(\x0b\x32\x1e.translator.v1.DecodingOptions\x12.\n\x08glossary\x18\x03 \x03(\x0b\x32\x1c.translator.v1.GlossaryEntry\x12\x17\n\x0fliteral_markers\x18\x04 \x01(\x08\x12\x17\n\x0fsource_language\x18\x05 \x01(\t\x12\x17\n\x0ftarget_language\x18\x06 \x01(\t\"E\n\x11TranslateResponse\x12\x30\n\x0ctranslations\x18\x01 \x03(\x0b\x32\x1a.translator.v1.Translation\"\xfb\x01\n\x16TranslateStreamRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12/\n\x07options\x18\x03 \x01(\x0b\x32\x1e.translator.v1.DecodingOptions\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x05\x12.\n\x08glossary\x18\x05 \x03(\x0b\x32\x1c.translator.v1.GlossaryEntry\x12\x17\n\x0fliteral_markers\x18\x06 \x01(\x08\x12\x17\n\x0fsource_language\x18\x07 \x01(\t\x12\x17\n\x0ftarget_language\x18\x08 \x01(\t\"C\n\nItemStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x16\n\x0eretry_after_ms\x18\x03 \x01(\x05\"\x8a\x01\n\x17TranslateStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x30\n\x0ctranslations\x18\x02 \x03(\x0b\x32\x1a.translator.v1.Translation\x12)\n\x06status\x18\x03 \x01(\x0b\x32\x19.translator.v1.ItemStatus\"G\n\x13GetModelInfoRequest\x12\x17\n\x0fsource_language\x18\x01 \x01(\t\x12\x17\n\x0ftarget_language\x18\x02 \x01(\t\"\x13\n\x11ListModelsRequest\"I\n\x12ListModelsResponse\x12\x33\n\x06models\x18\x01 \x03(\x0b\x32#.translator.v1.GetModelInfoResponse\"\xbe\x01\n\x06Limits\x12\x1d\n\x15max_texts_per_request\x18\x01 \x01(\x05\x12\x19\n\x11max_source_tokens\x18\x02 \x01(\x05\x12\x15\n\rmax_beam_size\x18\x03 \x01(\x05\x12\x12\n\nmax_length\x18\x04 \x01(\x05\x12\x19\n\x11max_request_bytes\x18\x05 \x01(\x05\x12\x16\n\x0emax_text_chars\x18\x06 \x01(\x05\x12\x1c\n\x14max_glossary_entries\x18\x07 \x01(\x05\"\xee\x02\n\x14GetModelInfoResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x17\n\x0fsource_language\x18\x03 \x01(\t\x12\x17\n\x0ftarget_language\x18\x04 \x01(\t\x12%\n\x06limits\x18\x05 \x01(\x0b\x32\x15.translator.v1.Limits\x12\x37\n\x0f\x64\x65\x66\x61ult_options\x18\x06 \x01(\x0b\x32\x1e.translator.v1.DecodingOptions\x12\x1b\n\x13\x65xecution_providers\x18\x07 \x03(\t\x12\x0f\n\x07variant\x18\x08 \x01(\t\x12\x10\n\x08\x62\x61tching\x18\t \x01(\x08\x12\x15\n\rbatching_mode\x18\n \x01(\t\x12\"\n\x1atranslation_memory_entries\x18\x0b \x01(\x05\x12*\n\x05pairs\x18\x0c \x03(\x0b\x32\x1b.translator.v1.LanguagePair2\xee\x02\n\nTranslator\x12N\n\tTranslate\x12\x1f.translator.v1.TranslateRequest\x1a .translator.v1.TranslateResponse\x12\x64\n\x0fTranslateStream\x12%.translator.v1.TranslateStreamRequest\x1a&.translator.v1.TranslateStreamResponse(\x01\x30\x01\x12W\n\x0cGetModelInfo\x12\".translator.v1.GetModelInfoRequest\x1a#.translator.v1.GetModelInfoResponse\x12Q\n\nListModels\x12 .translator.v1.ListModelsRequest\x1a!.translator.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'translator.v1.translator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DECODINGOPTIONS']._serialized_start=50
-  _globals['_DECODINGOPTIONS']._serialized_end=317
-  _globals['_GLOSSARYENTRY']._serialized_start=319
-  _globals['_GLOSSARYENTRY']._serialized_end=366
-  _globals['_HYPOTHESIS']._serialized_start=368
-  _globals['_HYPOTHESIS']._serialized_end=424
-  _globals['_SEGMENTNOTE']._serialized_start=427
-  _globals['_SEGMENTNOTE']._serialized_end=636
-  _globals['_SEGMENTNOTE_ACTION']._serialized_start=537
-  _globals['_SEGMENTNOTE_ACTION']._serialized_end=636
-  _globals['_TRANSLATION']._serialized_start=638
-  _globals['_TRANSLATION']._serialized_end=741
-  _globals['_TRANSLATEREQUEST']._serialized_start=744
-  _globals['_TRANSLATEREQUEST']._serialized_end=899
-  _globals['_TRANSLATERESPONSE']._serialized_start=901
-  _globals['_TRANSLATERESPONSE']._serialized_end=970
-  _globals['_TRANSLATESTREAMREQUEST']._serialized_start=973
-  _globals['_TRANSLATESTREAMREQUEST']._serialized_end=1174
-  _globals['_ITEMSTATUS']._serialized_start=1176
-  _globals['_ITEMSTATUS']._serialized_end=1243
-  _globals['_TRANSLATESTREAMRESPONSE']._serialized_start=1246
-  _globals['_TRANSLATESTREAMRESPONSE']._serialized_end=1384
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1386
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1407
-  _globals['_LIMITS']._serialized_start=1410
-  _globals['_LIMITS']._serialized_end=1600
-  _globals['_GETMODELINFORESPONSE']._serialized_start=1603
-  _globals['_GETMODELINFORESPONSE']._serialized_end=1925
-  _globals['_TRANSLATOR']._serialized_start=1928
-  _globals['_TRANSLATOR']._serialized_end=2211
+  _globals['_LANGUAGEPAIR']._serialized_start=49
+  _globals['_LANGUAGEPAIR']._serialized_end=113
+  _globals['_DECODINGOPTIONS']._serialized_start=116
+  _globals['_DECODINGOPTIONS']._serialized_end=383
+  _globals['_GLOSSARYENTRY']._serialized_start=385
+  _globals['_GLOSSARYENTRY']._serialized_end=432
+  _globals['_HYPOTHESIS']._serialized_start=434
+  _globals['_HYPOTHESIS']._serialized_end=490
+  _globals['_SEGMENTNOTE']._serialized_start=493
+  _globals['_SEGMENTNOTE']._serialized_end=702
+  _globals['_SEGMENTNOTE_ACTION']._serialized_start=603
+  _globals['_SEGMENTNOTE_ACTION']._serialized_end=702
+  _globals['_TRANSLATION']._serialized_start=704
+  _globals['_TRANSLATION']._serialized_end=807
+  _globals['_TRANSLATEREQUEST']._serialized_start=810
+  _globals['_TRANSLATEREQUEST']._serialized_end=1015
+  _globals['_TRANSLATERESPONSE']._serialized_start=1017
+  _globals['_TRANSLATERESPONSE']._serialized_end=1086
+  _globals['_TRANSLATESTREAMREQUEST']._serialized_start=1089
+  _globals['_TRANSLATESTREAMREQUEST']._serialized_end=1340
+  _globals['_ITEMSTATUS']._serialized_start=1342
+  _globals['_ITEMSTATUS']._serialized_end=1409
+  _globals['_TRANSLATESTREAMRESPONSE']._serialized_start=1412
+  _globals['_TRANSLATESTREAMRESPONSE']._serialized_end=1550
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1552
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1623
+  _globals['_LISTMODELSREQUEST']._serialized_start=1625
+  _globals['_LISTMODELSREQUEST']._serialized_end=1644
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1646
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1719
+  _globals['_LIMITS']._serialized_start=1722
+  _globals['_LIMITS']._serialized_end=1912
+  _globals['_GETMODELINFORESPONSE']._serialized_start=1915
+  _globals['_GETMODELINFORESPONSE']._serialized_end=2281
+  _globals['_TRANSLATOR']._serialized_start=2284
+  _globals['_TRANSLATOR']._serialized_end=2650
 # @@protoc_insertion_point(module_scope)

@@ -8,6 +8,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class LanguagePair(_message.Message):
+    __slots__ = ("source_language", "target_language")
+    SOURCE_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    source_language: str
+    target_language: str
+    def __init__(self, source_language: _Optional[str] = ..., target_language: _Optional[str] = ...) -> None: ...
+
 class DecodingOptions(_message.Message):
     __slots__ = ("beam_size", "num_hypotheses", "max_length", "length_penalty", "return_scores", "repetition_penalty", "no_repeat_ngram_size")
     BEAM_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -73,16 +81,20 @@ class Translation(_message.Message):
     def __init__(self, hypotheses: _Optional[_Iterable[_Union[Hypothesis, _Mapping]]] = ..., notes: _Optional[_Iterable[_Union[SegmentNote, _Mapping]]] = ...) -> None: ...
 
 class TranslateRequest(_message.Message):
-    __slots__ = ("texts", "options", "glossary", "literal_markers")
+    __slots__ = ("texts", "options", "glossary", "literal_markers", "source_language", "target_language")
     TEXTS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     GLOSSARY_FIELD_NUMBER: _ClassVar[int]
     LITERAL_MARKERS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     texts: _containers.RepeatedScalarFieldContainer[str]
     options: DecodingOptions
     glossary: _containers.RepeatedCompositeFieldContainer[GlossaryEntry]
     literal_markers: bool
-    def __init__(self, texts: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., glossary: _Optional[_Iterable[_Union[GlossaryEntry, _Mapping]]] = ..., literal_markers: _Optional[bool] = ...) -> None: ...
+    source_language: str
+    target_language: str
+    def __init__(self, texts: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., glossary: _Optional[_Iterable[_Union[GlossaryEntry, _Mapping]]] = ..., literal_markers: _Optional[bool] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ...) -> None: ...
 
 class TranslateResponse(_message.Message):
     __slots__ = ("translations",)
@@ -91,20 +103,24 @@ class TranslateResponse(_message.Message):
     def __init__(self, translations: _Optional[_Iterable[_Union[Translation, _Mapping]]] = ...) -> None: ...
 
 class TranslateStreamRequest(_message.Message):
-    __slots__ = ("request_id", "texts", "options", "timeout_ms", "glossary", "literal_markers")
+    __slots__ = ("request_id", "texts", "options", "timeout_ms", "glossary", "literal_markers", "source_language", "target_language")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXTS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     GLOSSARY_FIELD_NUMBER: _ClassVar[int]
     LITERAL_MARKERS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     texts: _containers.RepeatedScalarFieldContainer[str]
     options: DecodingOptions
     timeout_ms: int
     glossary: _containers.RepeatedCompositeFieldContainer[GlossaryEntry]
     literal_markers: bool
-    def __init__(self, request_id: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., glossary: _Optional[_Iterable[_Union[GlossaryEntry, _Mapping]]] = ..., literal_markers: _Optional[bool] = ...) -> None: ...
+    source_language: str
+    target_language: str
+    def __init__(self, request_id: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., glossary: _Optional[_Iterable[_Union[GlossaryEntry, _Mapping]]] = ..., literal_markers: _Optional[bool] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ...) -> None: ...
 
 class ItemStatus(_message.Message):
     __slots__ = ("code", "message", "retry_after_ms")
@@ -127,8 +143,22 @@ class TranslateStreamResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., translations: _Optional[_Iterable[_Union[Translation, _Mapping]]] = ..., status: _Optional[_Union[ItemStatus, _Mapping]] = ...) -> None: ...
 
 class GetModelInfoRequest(_message.Message):
+    __slots__ = ("source_language", "target_language")
+    SOURCE_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    source_language: str
+    target_language: str
+    def __init__(self, source_language: _Optional[str] = ..., target_language: _Optional[str] = ...) -> None: ...
+
+class ListModelsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ListModelsResponse(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[GetModelInfoResponse]
+    def __init__(self, models: _Optional[_Iterable[_Union[GetModelInfoResponse, _Mapping]]] = ...) -> None: ...
 
 class Limits(_message.Message):
     __slots__ = ("max_texts_per_request", "max_source_tokens", "max_beam_size", "max_length", "max_request_bytes", "max_text_chars", "max_glossary_entries")
@@ -149,7 +179,7 @@ class Limits(_message.Message):
     def __init__(self, max_texts_per_request: _Optional[int] = ..., max_source_tokens: _Optional[int] = ..., max_beam_size: _Optional[int] = ..., max_length: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., max_text_chars: _Optional[int] = ..., max_glossary_entries: _Optional[int] = ...) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("name", "version", "source_language", "target_language", "limits", "default_options", "execution_providers", "variant", "batching", "batching_mode", "translation_memory_entries")
+    __slots__ = ("name", "version", "source_language", "target_language", "limits", "default_options", "execution_providers", "variant", "batching", "batching_mode", "translation_memory_entries", "pairs")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SOURCE_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +191,7 @@ class GetModelInfoResponse(_message.Message):
     BATCHING_FIELD_NUMBER: _ClassVar[int]
     BATCHING_MODE_FIELD_NUMBER: _ClassVar[int]
     TRANSLATION_MEMORY_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    PAIRS_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     source_language: str
@@ -172,4 +203,5 @@ class GetModelInfoResponse(_message.Message):
     batching: bool
     batching_mode: str
     translation_memory_entries: int
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., default_options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., execution_providers: _Optional[_Iterable[str]] = ..., variant: _Optional[str] = ..., batching: _Optional[bool] = ..., batching_mode: _Optional[str] = ..., translation_memory_entries: _Optional[int] = ...) -> None: ...
+    pairs: _containers.RepeatedCompositeFieldContainer[LanguagePair]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., default_options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., execution_providers: _Optional[_Iterable[str]] = ..., variant: _Optional[str] = ..., batching: _Optional[bool] = ..., batching_mode: _Optional[str] = ..., translation_memory_entries: _Optional[int] = ..., pairs: _Optional[_Iterable[_Union[LanguagePair, _Mapping]]] = ...) -> None: ...

@@ -55,6 +55,11 @@ class TranslatorStub:
                 request_serializer=translator_dot_v1_dot_translator__pb2.GetModelInfoRequest.SerializeToString,
                 response_deserializer=translator_dot_v1_dot_translator__pb2.GetModelInfoResponse.FromString,
                 _registered_method=True)
+        self.ListModels = channel.unary_unary(
+                '/translator.v1.Translator/ListModels',
+                request_serializer=translator_dot_v1_dot_translator__pb2.ListModelsRequest.SerializeToString,
+                response_deserializer=translator_dot_v1_dot_translator__pb2.ListModelsResponse.FromString,
+                _registered_method=True)
 
 
 class TranslatorServicer:
@@ -88,6 +93,13 @@ class TranslatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListModels(self, request, context):
+        """Every loaded model with its language pairs, limits and defaults.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TranslatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +117,11 @@ def add_TranslatorServicer_to_server(servicer, server):
                     servicer.GetModelInfo,
                     request_deserializer=translator_dot_v1_dot_translator__pb2.GetModelInfoRequest.FromString,
                     response_serializer=translator_dot_v1_dot_translator__pb2.GetModelInfoResponse.SerializeToString,
+            ),
+            'ListModels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListModels,
+                    request_deserializer=translator_dot_v1_dot_translator__pb2.ListModelsRequest.FromString,
+                    response_serializer=translator_dot_v1_dot_translator__pb2.ListModelsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -193,6 +210,33 @@ class Translator:
             '/translator.v1.Translator/GetModelInfo',
             translator_dot_v1_dot_translator__pb2.GetModelInfoRequest.SerializeToString,
             translator_dot_v1_dot_translator__pb2.GetModelInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListModels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/translator.v1.Translator/ListModels',
+            translator_dot_v1_dot_translator__pb2.ListModelsRequest.SerializeToString,
+            translator_dot_v1_dot_translator__pb2.ListModelsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,293 @@
+"""Serving by language pair (issue 31, item 3): a store of several bundles, each serving the pairs its
+manifest declares, one engine and one scheduler per model, every request routed by its pair.
+
+No model for fr/de/it/pt_BR is trained yet: the bundles here are copies of the tests' tiny random bundle
+whose manifests name other pairs (a pair is data, never a branch in code). Which model answered is read
+from the request log line's `model` field (written when several models are loaded).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+
+from client.load import free_port
+from proto.gen.translator.v1 import translator_pb2 as pb
+from proto.gen.translator.v1 import translator_pb2_grpc as pb_grpc
+from runtime.bundle import BundleError, load_manifest, manifest_pairs
+from server.languages import bcp47, resolve_code
+from server.store import StoreError, bundle_pairs, resolve_bundles
+from tests.http_helpers import call
+
+# name -> (source, target) as the manifest spells it (pt_BR as the training side writes it).
+MODELS = {"tiny-en-de": ("en", "de"), "tiny-en-es": ("en", "es"), "tiny-en-pt": ("en", "pt_BR")}
+SERVED = "en -> de, en -> es, en -> pt-BR"  # the store's order (by directory name)
+
+# (source, target) as clients send them -> the model that must answer.
+ROUTES = [
+    ("en", "es", "tiny-en-es"),
+    ("", "", "tiny-en-es"),  # today's clients: no pair = en -> es
+    ("EN", "ES", "tiny-en-es"),
+    ("en", "de", "tiny-en-de"),
+    ("", "de", "tiny-en-de"),
+    ("en", "pt-BR", "tiny-en-pt"),
+    ("en", "pt_BR", "tiny-en-pt"),
+    ("en", "pt", "tiny-en-pt"),
+    ("en", "PT-br", "tiny-en-pt"),
+]
+
+
+def make_store(bundle: Path, root: Path, models: dict[str, tuple[str, str]]) -> Path:
+    """`root` holding one copy of `bundle` per model, its manifest naming the model and its pair."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name, (source, target) in models.items():
+        dst = root / name
+        shutil.copytree(bundle, dst)
+        manifest = json.loads((dst / "manifest.json").read_text())
+        manifest.update(name=name, source_language=source, target_language=target, pairs=[[source, target]])
+        (dst / "manifest.json").write_text(json.dumps(manifest))
+    return root
+
+
+@pytest.fixture(scope="module")
+def store(tiny_bundle, tmp_path_factory) -> Path:
+    return make_store(tiny_bundle, tmp_path_factory.mktemp("store"), MODELS)
+
+
+@pytest.fixture(scope="module", params=["request", "inflight"])
+def routed_server(request, store, start_server):
+    """The store served in each batching mode, gRPC and HTTP."""
+    server = start_server(
+        store, batching_mode=request.param, threads=1, http_port=free_port(), max_queue_segments=256
+    )
+    yield server
+    server.stop(1)
+
+
+def models_of(caplog, rpc: str = "Translate") -> list[str]:
+    return [
+        r.fields["model"]
+        for r in caplog.records
+        if r.name == "server.requests" and getattr(r, "fields", {}).get("rpc") == rpc
+    ]
+
+
+# ---- codes, manifests, the store -------------------------------------------------------------------
+
+
+def test_language_codes_resolve_as_clients_send_them():
+    assert bcp47("pt_br") == "pt-BR" and bcp47("EN") == "en" and bcp47("zh_hant") == "zh-Hant"
+    served = ["en", "es", "pt_BR"]
+    for code in ("pt-BR", "pt_BR", "pt", "PT-br", "pt_br"):
+        assert resolve_code(code, served) == "pt_BR", code
+    assert resolve_code("ES", served) == "es"
+    assert resolve_code("pt-PT", served) is None  # one variety never stands for another
+    assert resolve_code("pt", ["pt-BR", "pt-PT"]) is None  # ambiguous
+    assert resolve_code("pt-BR", ["pt"]) == "pt"  # a bare served language takes its varieties
+    assert resolve_code("", served) is None and resolve_code("fr", served) is None
+
+
+def test_manifest_pairs_default_to_the_manifests_languages(tiny_bundle):
+    manifest = load_manifest(tiny_bundle, verify=False)
+    legacy = {k: v for k, v in manifest.items() if k != "pairs"}
+    assert manifest_pairs(legacy) == [(manifest["source_language"], manifest["target_language"])]
+    assert manifest_pairs({**manifest, "pairs": [["en", "de"]]}) == [("en", "de")]
+    for bad in ([], [["en"]], "en-de", [["en", ""]]):
+        with pytest.raises(BundleError):
+            manifest_pairs({**manifest, "pairs": bad})
+
+
+def test_the_store_serves_every_bundle_of_a_dir_or_a_configured_list(store, tiny_bundle):
+    assert [p.name for p in resolve_bundles(store)] == sorted(MODELS)
+    assert [bundle_pairs(p) for p in resolve_bundles(store)] == [
+        (("en", "de"),),
+        (("en", "es"),),
+        (("en", "pt_BR"),),
+    ]
+    listed = resolve_bundles(bundles_dir=store, models="tiny-en-pt, tiny-en-es")
+    assert [p.name for p in listed] == ["tiny-en-pt", "tiny-en-es"]
+    assert resolve_bundles(tiny_bundle) == [tiny_bundle]  # a single bundle: as before
+    with pytest.raises(StoreError, match="twice"):
+        resolve_bundles(bundles_dir=store, models="tiny-en-es,tiny-en-es")
+    with pytest.raises(StoreError, match="neither a model bundle"):
+        resolve_bundles(bundles_dir=store, models="tiny-en-fr")
+
+
+def test_two_models_serving_one_pair_fail_the_load(tiny_bundle, tmp_path, start_server):
+    store = make_store(tiny_bundle, tmp_path / "store", {"a": ("en", "es"), "b": ("en", "ES")})
+    with pytest.raises(RuntimeError, match="en->es is served by two models"):
+        start_server(store, threads=1, warmup=False)
+
+
+# ---- routing -------------------------------------------------------------------------------------
+
+
+def test_every_pair_routes_to_its_model_over_grpc(routed_server, caplog):
+    caplog.set_level(logging.INFO, logger="server.requests")
+    with grpc.insecure_channel(routed_server.target) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+        for source, target, _ in ROUTES:
+            request = pb.TranslateRequest(
+                texts=["Open the file", ""],
+                options=pb.DecodingOptions(max_length=8),
+                source_language=source,
+                target_language=target,
+            )
+            response = stub.Translate(request, timeout=60)
+            assert len(response.translations) == 2 and response.translations[1].hypotheses[0].text == ""
+    assert models_of(caplog) == [model for _, _, model in ROUTES]
+
+
+def test_list_models_and_model_info_by_pair(routed_server):
+    with grpc.insecure_channel(routed_server.target) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+        models = stub.ListModels(pb.ListModelsRequest(), timeout=30).models
+        assert [m.name for m in models] == ["tiny-en-es", "tiny-en-de", "tiny-en-pt"]  # the default first
+        pairs = {m.name: [(p.source_language, p.target_language) for p in m.pairs] for m in models}
+        assert pairs == {name: [pair] for name, pair in MODELS.items()}
+        for m in models:
+            assert m.limits.max_beam_size > 0 and m.default_options.beam_size > 0
+            assert m.batching_mode == routed_server.config.batching_mode
+        assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30).name == "tiny-en-es"
+        info = stub.GetModelInfo(pb.GetModelInfoRequest(target_language="pt"), timeout=30)
+        assert (info.name, info.target_language) == ("tiny-en-pt", "pt_BR")
+
+
+def test_a_stream_mixes_pairs(routed_server, caplog):
+    caplog.set_level(logging.INFO, logger="server.requests")
+    items = [
+        pb.TranslateStreamRequest(
+            request_id=str(i),
+            texts=[f"Close window {i}"],
+            options=pb.DecodingOptions(max_length=6),
+            source_language=source,
+            target_language=target,
+        )
+        for i, (source, target, _) in enumerate(ROUTES * 2)
+    ]
+    expected = {str(i): model for i, (_, _, model) in enumerate(ROUTES * 2)}
+    with grpc.insecure_channel(routed_server.target) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+        responses = list(stub.TranslateStream(iter(items), timeout=120))
+    assert sorted(r.request_id for r in responses) == sorted(expected)
+    assert all(r.status.code == 0 and len(r.translations) == 1 for r in responses)
+    answered = {
+        r.fields["id"]: r.fields["model"]
+        for r in caplog.records
+        if r.name == "server.requests"
+        and getattr(r, "fields", {}).get("rpc") == "TranslateStream"
+        and "model" in r.fields
+    }
+    assert answered == expected
+
+
+def test_an_unsupported_pair_names_the_served_pairs(routed_server):
+    with grpc.insecure_channel(routed_server.target) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+        for source, target, side in (
+            ("en", "fr", "fr is not supported as target"),
+            ("de", "en", "de is not supported as source"),
+            ("en", "pt-PT", "pt-PT is not supported as target"),
+        ):
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Translate(
+                    pb.TranslateRequest(texts=["Open"], source_language=source, target_language=target),
+                    timeout=30,
+                )
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert e.value.details() == f"{side}: the models translate {SERVED}"
+        # In a stream: that item fails, the others are answered.
+        items = [
+            pb.TranslateStreamRequest(request_id="bad", texts=["Open"], target_language="it"),
+            pb.TranslateStreamRequest(request_id="good", texts=["Open"], target_language="de"),
+        ]
+        codes = {r.request_id: r.status.code for r in stub.TranslateStream(iter(items), timeout=60)}
+        assert codes == {"bad": grpc.StatusCode.INVALID_ARGUMENT.value[0], "good": 0}
+    status, _, body = call(routed_server, "translate", {"q": "Open", "source": "en", "target": "fr"})
+    assert (status, body["error"]) == (400, f"fr is not supported as target: the models translate {SERVED}")
+
+
+def test_http_routes_by_source_and_target(routed_server, caplog):
+    caplog.set_level(logging.INFO, logger="server.requests")
+    status, _, languages = call(routed_server, "languages")
+    assert status == 200
+    assert languages == [
+        {"code": "en", "name": "English", "targets": ["de", "es", "pt-BR"]},
+        {"code": "de", "name": "German", "targets": []},
+        {"code": "es", "name": "Spanish", "targets": []},
+        {"code": "pt-BR", "name": "Portuguese (Brazil)", "targets": []},
+    ]
+    routes = [(s or "auto", t, m) for s, t, m in ROUTES if t]
+    for source, target, _ in routes:
+        status, _, body = call(routed_server, "translate", {"q": "Open", "source": source, "target": target})
+        assert status == 200 and isinstance(body["translatedText"], str), body
+        if source == "auto":
+            assert body["detectedLanguage"]["language"] == "en"
+    assert models_of(caplog) == [m for _, _, m in routes]
+
+
+# ---- fairness across models ----------------------------------------------------------------------
+
+
+def test_a_flood_on_one_pair_leaves_another_its_latency(routed_server):
+    """A flood of German (more than its queue holds: some of it is refused) while Spanish requests keep
+    coming: Spanish waits in its own queue and runs in its own batch, so its latency stays close to a
+    quiet run's (the bound is generous: the models share the CPU)."""
+    spanish = pb.TranslateRequest(texts=["Open the file"], options=pb.DecodingOptions(max_length=8))
+    german = pb.TranslateRequest(
+        texts=[f"Save the document number {i} now" for i in range(8)],
+        options=pb.DecodingOptions(beam_size=4, max_length=64),
+        target_language="de",
+    )
+    with grpc.insecure_channel(routed_server.target) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+
+        def timed(n: int) -> list[float]:
+            out = []
+            for _ in range(n):
+                t0 = time.monotonic()
+                stub.Translate(spanish, timeout=60)
+                out.append(time.monotonic() - t0)
+            return out
+
+        timed(2)  # warm
+        quiet = timed(10)
+        stop = threading.Event()
+        outcomes = {"ok": 0, "exhausted": 0}
+
+        def flood() -> None:
+            while not stop.is_set():
+                try:
+                    stub.Translate(german, timeout=60)
+                    outcomes["ok"] += 1
+                except grpc.RpcError as e:
+                    assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+                    outcomes["exhausted"] += 1
+                    time.sleep(0.01)
+
+        with ThreadPoolExecutor(48) as pool:
+            floods = [pool.submit(flood) for _ in range(48)]
+            deadline = time.monotonic() + 30
+            while routed_server.total("translator_queue_segments") < 64 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            busy = timed(10)
+            stop.set()
+            for f in floods:
+                f.result(120)
+    q50, b50 = statistics.median(quiet), statistics.median(busy)
+    print(
+        f"\n[{routed_server.config.batching_mode}] en->es alone: p50 {q50 * 1000:.0f} ms, max "
+        f"{max(quiet) * 1000:.0f} ms; during the en->de flood: p50 {b50 * 1000:.0f} ms, max "
+        f"{max(busy) * 1000:.0f} ms; flood: {outcomes['ok']} answered, {outcomes['exhausted']} refused"
+    )
+    assert outcomes["ok"] > 0
+    assert b50 < 10 * q50 + 1.0, (quiet, busy)
