@@ -272,7 +272,7 @@ class HttpApi:
                 host,
                 port,
                 ssl=ssl_context,
-                backlog=self.limits.backlog,
+                backlog=self.limits.accept_backlog,
                 reuse_address=True,
                 reuse_port=False,
                 **tls,

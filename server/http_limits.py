@@ -78,6 +78,13 @@ class HttpLimits:
         """max_connections, but never more than half the open-file limit (each connection is one)."""
         return max(1, min(self.max_connections, open_files_limit() // 2))
 
+    @property
+    def accept_backlog(self) -> int:
+        """backlog, but never more than a quarter of the open-file limit: asyncio accepts up to a
+        backlog's worth of connections in one go, and a refused one holds its descriptor until the loop
+        comes round again, so cap + backlog must leave room (a quarter) for everything else."""
+        return max(16, min(self.backlog, open_files_limit() // 4))
+
     def handler_kwargs(self) -> dict[str, Any]:
         """aiohttp's own per-connection knobs (RequestHandler's keyword arguments)."""
         return {
