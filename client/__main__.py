@@ -3,6 +3,7 @@
     python -m client "Open the file" "Save changes?"          # one translation per argument
     python -m client < input.en > output.es                    # one translation per stdin line, in order
     python -m client --info                                    # model, languages, limits, defaults
+    python -m client --to de "Open the file"                   # another pair the server serves
     python -m client --glossary terms.tsv --keep Inkscape "Open the Inkscape preferences"
     python -m client po po/app.pot -o po/es.po                 # fill a gettext catalog (see client.po)
 
@@ -31,13 +32,24 @@ import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-import grpc
-
-from client.core import DEFAULT_TARGET, NotServingError, TLSError, TranslatorClient, TranslatorError
-
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INVALID, EXIT_DEADLINE, EXIT_BUSY, EXIT_AUTH = range(
-    8
+from client.cli import (  # noqa: F401 - re-exported: the CLI's names as they were before client.cli
+    EXIT_AUTH,
+    EXIT_BUSY,
+    EXIT_DEADLINE,
+    EXIT_ERROR,
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    TLS_HINTS,
+    add_connection_args,
+    add_translation_args,
+    client_from_args,
+    explain,
+    read_glossary,
+    translation_options,
 )
+from client.core import TranslatorError
 
 
 def unescape_line(line: str) -> str:
@@ -49,131 +61,26 @@ def escape_line(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n")
 
 
-TLS_HINTS = {
-    "untrusted": "pass --ca-cert with the CA certificate that signed the server's certificate",
-    "hostname": "reach the server by a name its certificate lists, or pass --server-name NAME",
-    "not_tls": "the server listens without TLS: drop --tls, --ca-cert, --cert and --key",
-    "needs_tls": "pass --tls (system CA certificates) or --ca-cert FILE",
-    "client_cert": (
-        "pass --cert and --key with a client certificate signed by the CA the server trusts "
-        "(its TRANSLATOR_TLS_CLIENT_CA)"
-    ),
-    "handshake": "check --tls, --ca-cert, --cert/--key and --server-name",
-}
-
-
-def explain(e: TranslatorError, target: str, wait_s: float = 0.0) -> tuple[int, str]:
-    """Exit code and a message that says what went wrong and what to do."""
-    c = e.code
-    if isinstance(e, TLSError):
-        return EXIT_AUTH, f"TLS with {target} failed: {e.details}.\n{TLS_HINTS[e.problem]}"
-    if isinstance(e, NotServingError):
-        last = "NOT_SERVING: still loading its model" if e.last == "NOT_SERVING" else e.last
-        return EXIT_UNAVAILABLE, (
-            f"the server at {target} was not ready within {wait_s:g} s (last answer: {last}).\n"
-            "Is it running (make run, or python -m server)? Check --target, or wait longer with --wait-s."
-        )
-    if e.message_too_large:
-        return EXIT_INVALID, (
-            f"the request is larger than the server accepts ({e.details}); "
-            "send fewer or shorter lines per request (--batch-size)"
-        )
-    if c == grpc.StatusCode.UNAVAILABLE:
-        return EXIT_UNAVAILABLE, (
-            f"cannot reach a serving translation server at {target}: {e.details}\n"
-            "Is it running (python -m server), or still loading its model? Check --target, "
-            "and --tls/--ca-cert if the server uses TLS."
-        )
-    if c == grpc.StatusCode.INVALID_ARGUMENT:
-        return EXIT_INVALID, f"invalid request: {e.details}"
-    if c == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return (
-            EXIT_DEADLINE,
-            f"no answer within the deadline ({e.details}); raise --timeout or send smaller batches",
-        )
-    if c == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        hint = f" (server suggests retrying after {e.retry_after_ms} ms)" if e.retry_after_ms else ""
-        return EXIT_BUSY, f"the server is overloaded: {e.details}{hint}"
-    if c in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-        return EXIT_AUTH, f"not authorised: {e.details}; pass --token (or TRANSLATOR_TOKEN)"
-    return EXIT_ERROR, f"translation failed: {c.name}: {e.details}"
-
-
-def client_from_args(args: argparse.Namespace) -> TranslatorClient:
-    """A client with the connection options every subcommand takes (target, timeout, retries, TLS, token)."""
-    return TranslatorClient(
-        args.target,
-        timeout=args.timeout,
-        retries=args.retries,
-        retry_resource_exhausted=True,
-        tls=args.tls,
-        ca_cert=args.ca_cert,
-        client_cert=args.cert,
-        client_key=args.key,
-        server_name=args.server_name,
-        token=args.token,
-    )
-
-
-def add_connection_args(p: argparse.ArgumentParser) -> None:
-    """--target and the TLS / token options, shared by every subcommand."""
-    p.add_argument(
-        "--target",
-        default=os.environ.get("TRANSLATOR_TARGET", DEFAULT_TARGET),
-        help="server host:port [TRANSLATOR_TARGET] (default: %(default)s)",
-    )
-    p.add_argument("--tls", action="store_true", help="use TLS with the system's root certificates")
-    p.add_argument("--ca-cert", help="PEM CA certificate(s) to verify the server (implies --tls)")
-    p.add_argument("--cert", help="PEM client certificate (mutual TLS)")
-    p.add_argument("--key", help="PEM client private key (mutual TLS)")
-    p.add_argument("--server-name", help="expected server name in its certificate (TLS)")
-    p.add_argument(
-        "--token", default=os.environ.get("TRANSLATOR_TOKEN"), help="bearer token [TRANSLATOR_TOKEN]"
-    )
-
-
-def add_translation_args(p: argparse.ArgumentParser) -> None:
-    """Decoding options and the glossary, shared by every subcommand (see translation_options)."""
-    p.add_argument("--beam-size", type=int, default=0, help="beam width, 1 = greedy (default: model's)")
-    p.add_argument("--length-penalty", type=float, default=None, help="GNMT alpha (default: model's)")
-    p.add_argument(
-        "--repetition-penalty",
-        type=float,
-        default=None,
-        help="penalty on repeated tokens, 1 = off (default: model's)",
-    )
-    p.add_argument(
-        "--no-repeat-ngram-size",
-        type=int,
-        default=None,
-        help="forbid repeated n-grams, 0 = off (default: model's)",
-    )
-    p.add_argument(
-        "--glossary",
-        metavar="FILE",
-        help="terms with a required translation: lines ENGLISH<TAB>SPANISH, or ENGLISH alone to keep it",
-    )
-    p.add_argument(
-        "--keep", action="append", default=[], metavar="TERM", help="keep TERM untranslated (repeatable)"
-    )
-
-
-def translation_options(args: argparse.Namespace) -> dict:
-    """add_translation_args' decoding options as TranslatorClient.translate keywords."""
-    return dict(
-        beam_size=args.beam_size,
-        length_penalty=args.length_penalty,
-        repetition_penalty=args.repetition_penalty,
-        no_repeat_ngram_size=args.no_repeat_ngram_size,
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m client", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to translate (default: stdin lines)")
     add_translation_args(p)
+    p.add_argument(
+        "--from",
+        dest="source_language",
+        default="",
+        metavar="LANG",
+        help="source language, BCP-47 (default: en)",
+    )
+    p.add_argument(
+        "--to",
+        dest="target_language",
+        default="",
+        metavar="LANG",
+        help="target language, BCP-47, e.g. de or pt-BR (default: es; --info lists the served pairs)",
+    )
     p.add_argument("--num-hypotheses", type=int, default=0, help="n-best size (default: model's)")
     p.add_argument("--max-length", type=int, default=0, help="max generated tokens (default: from source)")
     p.add_argument(
@@ -224,22 +131,6 @@ def format_translation(t, args) -> list[str]:
     return [line(t.hypotheses[0]) if t.hypotheses else ""]
 
 
-def read_glossary(path: str, keep: list[str]) -> dict[str, str]:
-    """--glossary FILE (ENGLISH<TAB>SPANISH or ENGLISH alone per line; # comments) and --keep terms."""
-    terms: dict[str, str] = {}
-    if path:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                line = line.rstrip("\r\n")
-                if not line.strip() or line.lstrip().startswith("#"):
-                    continue
-                source, _, target = line.partition("\t")
-                terms[source.strip()] = target.strip()
-    for term in keep:
-        terms[term] = ""
-    return terms
-
-
 def format_notes(t, index: int, text: str) -> list[str]:
     """Segments the server did not translate as the model wrote them (not the ones with nothing to
     translate, nor texts from the translation memory: neither is a problem), one stderr line each."""
@@ -259,9 +150,12 @@ def format_info(info) -> str:
     providers = ", ".join(info.execution_providers) or "?"
     penalty = f"{d.length_penalty:g}" if d.HasField("length_penalty") else "none"
     max_length = f"{d.max_length} tokens" if d.max_length else "from the source (1.5 x its tokens + 10)"
+    served = [(p.source_language, p.target_language) for p in getattr(info, "pairs", ())]
+    served = served or [(info.source_language, info.target_language)]  # servers before several models
+    pairs = ", ".join(f"{s} -> {t}" for s, t in served)
     rows = [
         ("model", f"{info.name} {info.version}".strip() + f" ({info.variant or '?'} on {providers})"),
-        ("languages", f"{info.source_language} -> {info.target_language}"),
+        ("languages", pairs),
         ("batching", mode or ("on" if info.batching else "off")),
         (
             "memory",
@@ -322,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
                 ),
             )
         if args.info:
-            print(format_info(client.model_info()))
+            pair = dict(source_language=args.source_language, target_language=args.target_language)
+            print(format_info(client.model_info(**pair)))
             return EXIT_OK
         batches = client.batches(texts, args.batch_size, **options)  # within the server's limits
         progress = None
@@ -332,7 +227,13 @@ def main(argv: list[str] | None = None) -> int:
             progress = tqdm(total=len(texts), unit="line", file=sys.stderr, disable=None)
 
         def run(batch: list[str]):
-            result = client.translate(batch, glossary=glossary, **options)
+            result = client.translate(
+                batch,
+                glossary=glossary,
+                source_language=args.source_language,
+                target_language=args.target_language,
+                **options,
+            )
             if progress is not None:
                 progress.update(len(batch))
             return result

@@ -77,6 +77,8 @@ class StreamItem:
     no_repeat_ngram_size: int | None = None
     glossary: Mapping[str, str] | None = None
     literal_markers: bool = False  # `_ & ~` are plain characters, not menu accelerators (TranslateRequest)
+    source_language: str = ""  # the pair (BCP-47; "" = en -> es): items of one stream may mix pairs
+    target_language: str = ""
 
 
 @dataclass
@@ -284,14 +286,18 @@ def translate_request(
     texts: Sequence[str],
     glossary: Mapping[str, str] | None = None,
     literal_markers: bool = False,
+    source_language: str = "",
+    target_language: str = "",
     **options,
 ) -> pb.TranslateRequest:
-    """A TranslateRequest; `options` are decoding_options()'s keywords."""
+    """A TranslateRequest; `options` are decoding_options()'s keywords; the pair "" = en -> es."""
     return pb.TranslateRequest(
         texts=list(texts),
         options=decoding_options(**options),
         glossary=glossary_entries(glossary),
         literal_markers=literal_markers,
+        source_language=source_language,
+        target_language=target_language,
     )
 
 
@@ -333,6 +339,8 @@ def _stream_request(item: StreamItem) -> pb.TranslateStreamRequest:
         ),
         glossary=glossary_entries(item.glossary),
         literal_markers=item.literal_markers,
+        source_language=item.source_language,
+        target_language=item.target_language,
     )
 
 
@@ -496,15 +504,20 @@ class TranslatorClient(_Base):
         no_repeat_ngram_size: int | None = None,
         glossary: Mapping[str, str] | None = None,
         literal_markers: bool = False,
+        source_language: str = "",
+        target_language: str = "",
     ) -> list[Translation]:
         """One Translation per text, in order; options left at 0/None take the model's defaults.
         glossary: {English term: required Spanish translation, or "" to keep the term as it is}.
         literal_markers: `_ & ~` are plain characters (by default a label's menu accelerator moves to
-        the translation: `_OK` -> `_Aceptar`)."""
+        the translation: `_OK` -> `_Aceptar`).
+        source_language / target_language: the pair (BCP-47, e.g. "en" -> "pt-BR"; "" = en -> es)."""
         options = dict(beam_size=beam_size, num_hypotheses=num_hypotheses, max_length=max_length)
         options |= dict(length_penalty=length_penalty, return_scores=return_scores)
         options |= dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
-        request = translate_request(texts, glossary, literal_markers, **options)
+        request = translate_request(
+            texts, glossary, literal_markers, source_language, target_language, **options
+        )
         return _translations(self._call(self.stub.Translate, request, timeout).translations)
 
     def translate_text(self, text: str, **kwargs) -> str:
@@ -526,10 +539,18 @@ class TranslatorClient(_Base):
         except grpc.RpcError as e:
             raise TranslatorError.from_rpc_error(e, self.target) from None
 
-    def model_info(self, timeout: float | None = None) -> pb.GetModelInfoResponse:
-        info = self._call(self.stub.GetModelInfo, pb.GetModelInfoRequest(), timeout)
+    def model_info(
+        self, timeout: float | None = None, *, source_language: str = "", target_language: str = ""
+    ) -> pb.GetModelInfoResponse:
+        """The model serving the pair ("" = the default model): name, pairs, limits, defaults."""
+        request = pb.GetModelInfoRequest(source_language=source_language, target_language=target_language)
+        info = self._call(self.stub.GetModelInfo, request, timeout)
         self._limits = info.limits
         return info
+
+    def list_models(self, timeout: float | None = None) -> list[pb.GetModelInfoResponse]:
+        """Every loaded model with its pairs, the default first."""
+        return list(self._call(self.stub.ListModels, pb.ListModelsRequest(), timeout).models)
 
     def batches(
         self, texts: Sequence[str], batch_size: int = 16, timeout: float | None = None, **options
@@ -642,12 +663,16 @@ class AsyncTranslatorClient(_Base):
         no_repeat_ngram_size: int | None = None,
         glossary: Mapping[str, str] | None = None,
         literal_markers: bool = False,
+        source_language: str = "",
+        target_language: str = "",
     ) -> list[Translation]:
         """As TranslatorClient.translate."""
         options = dict(beam_size=beam_size, num_hypotheses=num_hypotheses, max_length=max_length)
         options |= dict(length_penalty=length_penalty, return_scores=return_scores)
         options |= dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
-        request = translate_request(texts, glossary, literal_markers, **options)
+        request = translate_request(
+            texts, glossary, literal_markers, source_language, target_language, **options
+        )
         return _translations((await self._call(self.stub.Translate, request, timeout)).translations)
 
     async def translate_text(self, text: str, **kwargs) -> str:
@@ -675,10 +700,18 @@ class AsyncTranslatorClient(_Base):
         except grpc.RpcError as e:
             raise TranslatorError.from_rpc_error(e, self.target) from None
 
-    async def model_info(self, timeout: float | None = None) -> pb.GetModelInfoResponse:
-        info = await self._call(self.stub.GetModelInfo, pb.GetModelInfoRequest(), timeout)
+    async def model_info(
+        self, timeout: float | None = None, *, source_language: str = "", target_language: str = ""
+    ) -> pb.GetModelInfoResponse:
+        """As TranslatorClient.model_info."""
+        request = pb.GetModelInfoRequest(source_language=source_language, target_language=target_language)
+        info = await self._call(self.stub.GetModelInfo, request, timeout)
         self._limits = info.limits
         return info
+
+    async def list_models(self, timeout: float | None = None) -> list[pb.GetModelInfoResponse]:
+        """As TranslatorClient.list_models."""
+        return list((await self._call(self.stub.ListModels, pb.ListModelsRequest(), timeout)).models)
 
     async def batches(
         self, texts: Sequence[str], batch_size: int = 16, timeout: float | None = None, **options

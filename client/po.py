@@ -36,6 +36,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from client.cli import (
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_connection_args,
+    add_translation_args,
+    client_from_args,
+    explain,
+    read_glossary,
+    translation_options,
+)
 from client.core import TranslatorError
 from client.po_stream import Run, stream
 from runtime.po_catalog import (
@@ -61,9 +72,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m client po", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    # The CLI's own options (imported late: no cycle).
-    from client.__main__ import add_connection_args, add_translation_args
-
     p.add_argument("inputs", nargs="+", metavar="IN", help=".pot/.po files, directories, or - (stdin)")
     add_connection_args(p)
     p.add_argument("-o", "--output", metavar="OUT", help="the .po to write, a directory, or - (stdout)")
@@ -260,16 +268,6 @@ def translate_catalog(run: Run, source: str, target: str) -> Outcome:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from client.__main__ import (
-        EXIT_ERROR,
-        EXIT_OK,
-        EXIT_USAGE,
-        client_from_args,
-        explain,
-        read_glossary,
-        translation_options,
-    )
-
     args = build_parser().parse_args(argv)
     if args.batch_size < 1 or args.parallel < 1 or args.save_every < 1 or args.wait_s < 0:
         print("error: --batch-size, --parallel and --save-every must be >= 1", file=sys.stderr)

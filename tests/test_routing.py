@@ -291,3 +291,30 @@ def test_a_flood_on_one_pair_leaves_another_its_latency(routed_server):
     )
     assert outcomes["ok"] > 0
     assert b50 < 10 * q50 + 1.0, (quiet, busy)
+
+
+# ---- the client --------------------------------------------------------------------------------------
+
+
+def test_the_cli_takes_a_pair(routed_server, capsys, caplog):
+    from client.__main__ import EXIT_INVALID, EXIT_OK, main
+
+    caplog.set_level(logging.INFO, logger="server.requests")
+    base = ["--target", routed_server.target, "--wait-s", "0", "--max-length", "6"]
+    assert main([*base, "--to", "pt", "Open the file"]) == EXIT_OK
+    assert models_of(caplog) == ["tiny-en-pt"]
+    assert main([*base, "--from", "en", "--to", "de", "--info"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "tiny-en-de" in out and "en -> de" in out
+    assert main([*base, "--to", "fr", "Open"]) == EXIT_INVALID
+    assert f"fr is not supported as target: the models translate {SERVED}" in capsys.readouterr().err
+
+
+def test_the_po_command_does_not_import_the_cli_module():
+    """client/po.py and client/__main__.py no longer import each other: both use client/cli.py."""
+    import subprocess
+    import sys
+
+    code = "import sys, client.po; assert 'client.__main__' not in sys.modules, sorted(sys.modules)"
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=root, timeout=60)
