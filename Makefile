@@ -9,7 +9,7 @@ DATA ?= data
 # The tokenizer `make train` trains with: the shipped one unless told (see `make tokenizer`).
 TOKENIZER ?= $(MODEL)/tokenizer.model
 
-.PHONY: help install system-deps run serve bundle corpus data-check tokenizer train release average keep-terms memory lexicon tune-decoding evaluate model-card bench bench-batching proto lint test stack-test fuzz soak mutation clean
+.PHONY: help install system-deps run serve bundle corpus data-check tokenizer train release average keep-terms memory lexicon tune-decoding evaluate model-card bench bench-batching gpu-check gpu-pack proto lint test stack-test fuzz soak mutation clean
 
 # Every target, one line each (tests/test_cli.py checks that none is missing).
 help:
@@ -45,6 +45,11 @@ help:
 	@echo "Benchmarks:"
 	@echo "  make bench           engine vs PyTorch vs CTranslate2 speed into bench.json"
 	@echo "  make bench-batching  batching modes (off / request / in-flight) through gRPC, with a plot (~45 min)"
+	@echo "GPU (docs/gpu.md):"
+	@echo "  make gpu-check       the GPU serving check in its CPU mode into runs/gpu-check-cpu.json (~30 s)"
+	@echo "                       (on a GPU machine: bash bench/gpu_run.sh check)"
+	@echo "  make gpu-pack        what a GPU session carries: runs/pack-$(CORPUS_LANG).tar (training pack of $(DATA)/)"
+	@echo "                       and .whl/site-cp312.tar.xz (packages the GPU image lacks); ~2 min"
 
 # The targets that read the corpus depend on this first: without $(DATA)/manifest.json (written last by
 # `make corpus`) make stops with one line naming the command to run (also under make -n).
@@ -158,6 +163,18 @@ bench-batching: install bundle
 	$(PY) -m bench.step_cost --bundle $(BUNDLE) --threads 1 --json bench-step-cost.json
 	$(PY) -m bench.saturation --bundle $(BUNDLE) --threads 1 --json bench-saturation.json
 	$(PY) -m bench.batching --model-dir $(BUNDLE) --out bench-batching.json --server-cpus 1 --threads 1
+
+# The GPU serving check (bench/gpu_check.py) on the CPU provider with tiny counts; on a CUDA machine the
+# device tool runs `bash bench/gpu_run.sh check` (docs/gpu.md).
+gpu-check: install bundle
+	@mkdir -p runs
+	$(PY) -m bench.gpu_check --cpu-only --bundle $(BUNDLE) --json runs/gpu-check-cpu.json
+
+# Everything a GPU session carries (docs/gpu.md): the training pack of $(DATA)/ with $(TOKENIZER), and
+# the Python packages the GPU image lacks, for CPython 3.12.
+gpu-pack: data-check install
+	$(PY) -m model.pack --data $(DATA) --tokenizer $(TOKENIZER) --out runs/pack-$(CORPUS_LANG).tar
+	PYTHON=$(PY) bash bench/gpu_run.sh wheels
 
 proto: install
 	$(PY) -m proto.generate

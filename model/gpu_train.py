@@ -18,7 +18,8 @@ at most 8 files / 64 MiB (16 MiB each) coming back. So the run
   model directory (config.json, training.json with the curve, tokenizer.model) whose weights fit
   what may come back: fp16 safetensors in parts of at most `--part-mib` MiB, or, when fp16 would
   exceed `--return-mib` in all (a base-size model: 48M parameters, 96 MB), int8 with one scale per
-  weight row (about half), restored to fp16 by `--restore`.
+  weight row (about half), restored to fp16 by `--restore`; at most 7 files, so that the run's log
+  is the eighth file that may come back.
 
 No resumable state comes back: Adam's moments are twice the fp32 weights, which never fit; a later run
 continues from the weights with `--init-from` (fresh optimizer, re-warmed), as model.train does.
@@ -73,7 +74,6 @@ PRESETS: dict[str, dict[str, int]] = {
 }
 WEIGHTS = "model.safetensors"
 INT8_WEIGHTS = "model.int8.safetensors"
-RETURN_INFO = "return.json"  # how the weights were written for the trip back (parts, precision)
 
 
 def log(msg: str) -> None:
@@ -149,17 +149,16 @@ def fit_for_return(release_dir: Path, part_mib: float, return_mib: float) -> dic
         [p.name for p in split_file(weights, part_bytes)] if weights.stat().st_size > part_bytes else []
     )
     total = sum(p.stat().st_size for p in release_dir.iterdir() if p.is_file())
-    files = sum(1 for p in release_dir.iterdir() if p.is_file()) + 1  # + return.json
+    files = sum(1 for p in release_dir.iterdir() if p.is_file())
     info["total_bytes"], info["files"] = total, files
-    info["fits"] = total <= return_mib * 2**20 and files <= 8
-    (release_dir / RETURN_INFO).write_text(json.dumps(info, indent=2) + "\n")
-    return info
+    info["fits"] = total <= return_mib * 2**20 and files <= 7  # the 8th file back: the run's log
+    return info  # the caller writes it into training.json ("gpu_train" -> "return")
 
 
 def restore(src: Path, dst: Path) -> Path:
     """A model directory (fp16 model.safetensors, config.json, training.json, tokenizer.model) from a
     directory written by fit_for_return (parts joined, int8 dequantized)."""
-    info = json.loads((src / RETURN_INFO).read_text())
+    info = json.loads((src / "training.json").read_text())["gpu_train"]["return"]
     dst.mkdir(parents=True, exist_ok=True)
     name = info["weights"]
     blob = (
@@ -168,7 +167,7 @@ def restore(src: Path, dst: Path) -> Path:
         else (src / name).read_bytes()
     )
     if len(blob) != info["bytes"]:
-        raise SystemExit(f"{src}: weights are {len(blob)} bytes, {RETURN_INFO} says {info['bytes']}")
+        raise SystemExit(f"{src}: weights are {len(blob)} bytes, training.json says {info['bytes']}")
     if name == INT8_WEIGHTS:
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / name).write_bytes(blob)
@@ -409,7 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-train-pairs", type=int, default=0, help="first N pairs only (smoke runs)")
     p.add_argument("--valid-every", type=int, default=1000, help="steps between validations (0 = end only)")
     p.add_argument("--valid-bleu-sentences", type=int, default=400)
-    p.add_argument("--part-mib", type=float, default=15.0, help="largest file written (16 MiB come back)")
+    p.add_argument("--part-mib", type=float, default=15.5, help="largest file written (16 MiB come back)")
     p.add_argument("--return-mib", type=float, default=56.0, help="all files written (64 MiB come back)")
     p.add_argument("--no-bf16", action="store_true", help="fp32 on CUDA too")
     p.add_argument("--seed", type=int, default=1234)

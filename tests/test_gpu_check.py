@@ -1,0 +1,50 @@
+"""The GPU serving check in its CPU mode (what make test runs), and what it says on a machine that lacks
+the GPU path: the stages skipped with the reason, the missing package named, exit status 2."""
+
+import json
+
+import onnxruntime as ort
+import pytest
+
+from bench.gpu_check import SETTINGS, main
+
+
+def test_cpu_mode_runs_every_stage_on_the_shipped_bundle(shipped_bundle, tmp_path, capsys):
+    report_path = tmp_path / "gpu-check.json"
+    assert main(["--cpu-only", "--bundle", str(shipped_bundle), "--json", str(report_path)]) == 0
+    report = json.loads(report_path.read_text())
+    assert report["mode"] == "cpu-only"
+    assert {n: s["status"] for n, s in report["stages"].items()} == dict.fromkeys(
+        ("env", "bundle", "parity", "inflight", "grpc", "speed"), "ok"
+    ), report["stages"]
+    assert report["env"]["missing"] == {} and "CPUExecutionProvider" in report["env"]["onnxruntime_providers"]
+    # a second engine on the same provider: the comparison's code path, and nothing may differ
+    fp32 = report["parity"]["fp32"]
+    assert fp32["step_logprob_max_abs"] == 0.0 and fp32["greedy_mismatches"] == fp32["beam4_mismatches"] == 0
+    inflight = report["inflight"]
+    assert inflight["beam1_differ_from_request_level"] == inflight["beam4_differ_from_request_level"] == 0
+    assert set(inflight["beam4"]) == {"request-arrival", "request-sorted", "inflight"}
+    grpc = report["grpc"]["inflight"]
+    assert grpc["ok"] > 0 and grpc["errors"] == {} and grpc["latency_ms"]["p95"] > 0, grpc
+    speed = report["speed"]
+    timed = {(r["system"], r["setting"]) for r in speed["rows"]}
+    assert timed == {(s, setting) for s in ("engine-fp32", "ct2-float32") for setting in SETTINGS}
+    assert set(speed["ratios_tokens_per_s"]["engine-fp32 / ct2-float32"]) == set(SETTINGS)
+    # same weights, and CTranslate2's greedy fp32 is exact (export.ctranslate2_spec)
+    assert speed["mismatches"]["engine-fp32 vs ct2-float32"]["b1-greedy"] == 0, speed["mismatches"]
+    out = capsys.readouterr().out
+    assert "gpu_check (cpu-only)" in out and "failed stages: none" in out
+
+
+@pytest.mark.skipif(
+    "CUDAExecutionProvider" in ort.get_available_providers(), reason="this machine has the GPU path"
+)
+def test_without_the_gpu_path_it_names_what_is_missing(tmp_path, capsys):
+    report_path = tmp_path / "gpu-check.json"
+    rc = main(["--json", str(report_path), "--sentences", "1", "--speed-sentences", "1", "--reps", "1"])
+    report = json.loads(report_path.read_text())
+    assert rc == 2 and "onnxruntime-gpu" in report["env"]["missing"]
+    for stage in ("bundle", "parity", "inflight", "grpc"):
+        assert report["stages"][stage]["status"] == "skipped"
+        assert "onnxruntime-gpu" in report["stages"][stage]["reason"]
+    assert "MISSING: onnxruntime-gpu" in capsys.readouterr().out
