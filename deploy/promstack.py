@@ -159,13 +159,15 @@ def panel_targets(dashboard: dict[str, Any]) -> list[tuple[dict, dict]]:
     return [(p, t) for p in panels(dashboard) for t in p.get("targets", []) if t.get("expr")]
 
 
-def grafana_to_promql(expr: str, rate_interval: str = "15s", instance: str = ".*") -> str:
+def grafana_to_promql(expr: str, rate_interval: str = "15s", instance: str = ".*", model: str = ".*") -> str:
     """Replace the Grafana variables the dashboard uses; fail on any other `$` left over."""
     out = (
         expr.replace("$__rate_interval", rate_interval)
         .replace("${__rate_interval}", rate_interval)
         .replace("$instance", instance)
         .replace("${instance}", instance)
+        .replace("$model", model)
+        .replace("${model}", model)
     )
     leftover = re.findall(r"\$\{?\w+", out)
     if leftover:

@@ -260,7 +260,6 @@ class TranslatorServer:
             default = self.service.core.require_backend()
             self.engine, self.scheduler = default.engine, default.scheduler
             self.bundle_dir = self.bundle_dirs[[b.engine for b in backends].index(default.engine)]
-            self.metrics.queue_capacity.set(cfg.max_queue_segments)
             self.metrics.model_info.clear()
             for b in backends:
                 self.metrics.add_model(
@@ -317,9 +316,11 @@ class TranslatorServer:
         engine = await asyncio.to_thread(self.engine_factory, bundle_dir, cfg)
         if cfg.warmup:
             await asyncio.to_thread(engine.warmup)
+        # Its own metrics view: the scheduler's series carry model=<its name> (bounded: the store's).
+        metrics = self.metrics.for_model(str(engine.name))
         scheduler = Scheduler(
             engine,
-            self.metrics,
+            metrics,
             mode=cfg.effective_batching_mode,
             max_batch_tokens=cfg.max_batch_tokens,
             max_batch_segments=cfg.max_batch_segments,
@@ -330,6 +331,7 @@ class TranslatorServer:
             max_admit_wait_steps=cfg.max_admit_wait_steps,
         )
         self.schedulers.append(scheduler)
+        metrics.queue_capacity.set(cfg.max_queue_segments)  # each model's own queue
         # What GetModelInfo reports and the log says: the mode in effect, after any fallback.
         return Backend(engine, scheduler, cfg.variant, scheduler.batching, scheduler.mode, pairs)
 

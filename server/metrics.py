@@ -5,10 +5,12 @@ Each server instance owns a CollectorRegistry, so several servers can live in on
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import socket
 import threading
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import (
@@ -35,9 +37,47 @@ STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 BATCH_TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
+# The scheduler's and engine's metrics carry the model that did the work (`model`: a loaded model's name,
+# from its bundle manifest, never from a client: as many values as models in the store).
+MODEL_LABEL = ("model",)
+MODEL_METRICS = (
+    "queue_wait",
+    "batch_segments",
+    "batch_tokens",
+    "batch_decode",
+    "step_seconds",
+    "batch_rows",
+    "decode_steps",
+    "time_to_first_step",
+    "input_tokens",
+    "generated_tokens",
+    "segments",
+    "queue_segments",
+    "queue_capacity",
+    "queue_tokens",
+    "engine_errors",
+)
+
+
+class _ModelBound:
+    """A labelled metric with `model` fixed: `.labels(outcome=...)` adds the other labels."""
+
+    def __init__(self, family: Any, model: str) -> None:
+        self.family = family
+        self.model = model
+
+    def labels(self, **labels: str) -> Any:
+        return self.family.labels(model=self.model, **labels)
+
+
 class Metrics:
+    """The server's metrics. The per-model ones (MODEL_METRICS) are reached through `for_model(name)`,
+    a view whose attributes of those names are bound to that model (each model's scheduler gets its
+    own view); on the server-wide object they are bound to model="" (a scheduler built without one)."""
+
     def __init__(self, registry: CollectorRegistry | None = None, process_metrics: bool = True) -> None:
         self.registry = registry or CollectorRegistry()
+        self.families: dict[str, Any] = {}
         r = self.registry
         if process_metrics:
             ProcessCollector(registry=r)
@@ -64,66 +104,81 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.queue_wait = Histogram(
+        self.families["queue_wait"] = Histogram(
             "translator_queue_wait_seconds",
             "Time a segment waited in the queue before its engine batch.",
             buckets=QUEUE_BUCKETS,
+            labelnames=MODEL_LABEL,
             registry=r,
         )
-        self.batch_segments = Histogram(
+        self.families["batch_segments"] = Histogram(
             "translator_batch_segments",
             "Segments per engine batch.",
             buckets=BATCH_SEGMENT_BUCKETS,
+            labelnames=MODEL_LABEL,
             registry=r,
         )
-        self.batch_tokens = Histogram(
+        self.families["batch_tokens"] = Histogram(
             "translator_batch_tokens",
             "Source tokens per engine batch (without padding).",
             buckets=BATCH_TOKEN_BUCKETS,
+            labelnames=MODEL_LABEL,
             registry=r,
         )
-        self.batch_decode = Histogram(
+        self.families["batch_decode"] = Histogram(
             "translator_batch_decode_seconds",
             "Engine time per batch (encode + decode).",
             buckets=LATENCY_BUCKETS,
+            labelnames=MODEL_LABEL,
             registry=r,
         )
-        self.step_seconds = Histogram(
+        self.families["step_seconds"] = Histogram(
             "translator_decode_step_seconds",
             "Engine time per decoding step. In-flight mode: each step of the running batch, admissions "
             "(encoder) included; request mode: the batch's decoder time over its steps, once per step.",
             buckets=STEP_BUCKETS,
+            labelnames=MODEL_LABEL,
             registry=r,
         )
-        self.batch_rows = Histogram(
+        self.families["batch_rows"] = Histogram(
             "translator_batch_rows",
             "Decoder rows (sentences x beam rows) per decoding step: batch occupancy. Request mode: "
             "the batch's mean per step.",
             buckets=BATCH_ROW_BUCKETS,
+            labelnames=MODEL_LABEL,
             registry=r,
         )
-        self.decode_steps = Counter(
+        self.families["decode_steps"] = Counter(
             "translator_decode_steps",
             "Decoding steps run by the engine (rate: steps per second).",
+            labelnames=MODEL_LABEL,
             registry=r,
         )
-        self.time_to_first_step = Histogram(
+        self.families["time_to_first_step"] = Histogram(
             "translator_time_to_first_step_seconds",
             "Time from a segment's arrival to the end of its first decoding step (request mode: "
             "estimated as batch start + encoder time + mean step time).",
             buckets=QUEUE_BUCKETS,
+            labelnames=MODEL_LABEL,
             registry=r,
         )
-        self.input_tokens = Counter(
-            "translator_input_tokens", "Source tokens of translated segments.", registry=r
+        self.families["input_tokens"] = Counter(
+            "translator_input_tokens",
+            "Source tokens of translated segments.",
+            labelnames=MODEL_LABEL,
+            registry=r,
         )
-        self.generated_tokens = Counter(
+        self.families["generated_tokens"] = Counter(
             "translator_generated_tokens",
             "Generated target tokens (best hypothesis) of translated segments.",
+            labelnames=MODEL_LABEL,
             registry=r,
         )
-        self.segments = Counter(
-            "translator_segments", "Segments leaving the scheduler, by outcome.", ["outcome"], registry=r
+        self.families["segments"] = Counter(
+            "translator_segments",
+            "Segments leaving the scheduler, by outcome.",
+            ["model", "outcome"],
+            registry=r,
         )
         self.text_segments = Counter(
             "translator_text_segments",
@@ -140,21 +195,29 @@ class Metrics:
             "Translate calls and TranslateStream items being served.",
             registry=r,
         )
-        self.queue_segments = Gauge(
-            "translator_queue_segments", "Segments waiting for an engine batch.", registry=r
+        self.families["queue_segments"] = Gauge(
+            "translator_queue_segments",
+            "Segments waiting for an engine batch.",
+            labelnames=MODEL_LABEL,
+            registry=r,
         )
-        self.queue_capacity = Gauge(
+        self.families["queue_capacity"] = Gauge(
             "translator_queue_capacity_segments",
             "Segments the queue holds before new requests get RESOURCE_EXHAUSTED.",
+            labelnames=MODEL_LABEL,
             registry=r,
         )
-        self.queue_tokens = Gauge(
+        self.families["queue_tokens"] = Gauge(
             "translator_queue_tokens",
             "Source tokens of the segments waiting for an engine batch.",
+            labelnames=MODEL_LABEL,
             registry=r,
         )
-        self.engine_errors = Counter(
-            "translator_engine_errors", "Engine batches that raised an error.", registry=r
+        self.families["engine_errors"] = Counter(
+            "translator_engine_errors",
+            "Engine batches that raised an error.",
+            labelnames=MODEL_LABEL,
+            registry=r,
         )
         self.model_info = Gauge(
             "translator_model_info",
@@ -167,6 +230,25 @@ class Metrics:
         )
         self._http = None
         self._thread: threading.Thread | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes not set: the per-model metrics of an object that is no view.
+        if name in MODEL_METRICS and "families" in self.__dict__:
+            bound = self._bind(name, "")
+            setattr(self, name, bound)
+            return bound
+        raise AttributeError(name)
+
+    def _bind(self, name: str, model: str) -> Any:
+        family = self.families[name]
+        return _ModelBound(family, model) if name == "segments" else family.labels(model=model)
+
+    def for_model(self, model: str) -> Metrics:
+        """This registry's metrics with the per-model ones bound to `model` (for its scheduler)."""
+        view = copy.copy(self)
+        for name in MODEL_METRICS:
+            setattr(view, name, self._bind(name, model))
+        return view
 
     def set_model(
         self,

@@ -123,6 +123,10 @@ class TranslationCore:
     def set_backends(self, backends: Sequence[Backend]) -> None:
         """Serve these models; a pair served by two of them is a configuration error (ValueError)."""
         seen: dict[Pair, Backend] = {}
+        names = [b.engine.name for b in backends]
+        if len(set(names)) != len(names):
+            # The name labels the model's metrics and names it in ListModels: it must tell them apart.
+            raise ValueError(f"two models are named alike ({', '.join(names)}): rename one in its manifest")
         for b in backends:
             for pair in b.served:
                 key = (bcp47(pair[0]), bcp47(pair[1]))

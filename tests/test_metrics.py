@@ -217,6 +217,7 @@ def test_histograms_have_the_documented_buckets():
     metrics = m.Metrics(process_metrics=False)
     latency = metrics.request_latency
     latency.labels(*["x"] * len(latency._labelnames)).observe(0.1)  # labelled: samples once a child exists
+    metrics.for_model("x")  # the per-model histograms (label `model`): their children, with buckets
     registry = metrics.registry
     expected = {
         "translator_request_duration_seconds": m.LATENCY_BUCKETS,

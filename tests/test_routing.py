@@ -318,3 +318,44 @@ def test_the_po_command_does_not_import_the_cli_module():
     code = "import sys, client.po; assert 'client.__main__' not in sys.modules, sorted(sys.modules)"
     root = Path(__file__).resolve().parents[1]
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root, timeout=60)
+
+
+# ---- metrics -----------------------------------------------------------------------------------------
+
+
+def test_scheduler_metrics_carry_the_model(routed_server):
+    """Every loaded model's scheduler reports under its own name; the values come from the store only."""
+    with grpc.insecure_channel(routed_server.target) as channel:
+        stub = pb_grpc.TranslatorStub(channel)
+        for target in ("es", "de", "pt"):
+            stub.Translate(pb.TranslateRequest(texts=["Open"], target_language=target), timeout=60)
+    for name in MODELS:
+        assert routed_server.total("translator_segments_total", model=name, outcome="translated") >= 1, name
+        assert routed_server.total("translator_queue_capacity_segments", model=name) == 256
+    labelled = {
+        s.labels["model"]
+        for family in routed_server.server.metrics.registry.collect()
+        for s in family.samples
+        if "model" in s.labels
+    }
+    assert labelled == set(MODELS)
+    info = {
+        s.labels["name"]: (s.labels["source_language"], s.labels["target_language"])
+        for family in routed_server.server.metrics.registry.collect()
+        for s in family.samples
+        if s.name == "translator_model_info"
+    }
+    assert info == MODELS
+
+
+def test_the_dashboard_selects_a_model():
+    from deploy.promstack import grafana_to_promql, panel_targets
+
+    root = Path(__file__).resolve().parents[1]
+    dashboard = json.loads((root / "deploy/grafana/dashboards/translator.json").read_text())
+    (variable,) = [v for v in dashboard["templating"]["list"] if v["name"] == "model"]
+    assert variable["query"]["query"] == "label_values(translator_model_info, name)"
+    filtered = [t["expr"] for _, t in panel_targets(dashboard) if 'model=~"$model"' in t["expr"]]
+    assert any("translator_queue_segments" in e for e in filtered)
+    assert any("translator_queue_wait_seconds" in e for e in filtered)
+    assert 'model=~"en-de"' in grafana_to_promql(filtered[0], model="en-de")
