@@ -708,7 +708,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-seconds", type=float, default=0, help="load per mode (15; cpu-only 2)")
     p.add_argument("--concurrency", type=int, default=0, help="closed-loop clients (32; cpu-only 4)")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime / CTranslate2 threads (4; 1)")
-    p.add_argument("--budget-s", type=float, default=0, help="no stage starts after this (420; 120)")
+    p.add_argument("--budget-s", type=float, default=0, help="no stage starts after this (300; 120)")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     p.add_argument("--ct2-probe", type=Path, help=argparse.SUPPRESS)
     return p
@@ -723,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
     defaults = {
         "sentences": (64, 6), "speed_sentences": (64, 4), "reps": (3, 1), "rows": (512, 16),
         "grpc_modes": ("request,inflight", "inflight"), "grpc_seconds": (15.0, 2.0),
-        "concurrency": (32, 4), "threads": (4, 1), "budget_s": (420.0, 120.0),
+        "concurrency": (32, 4), "threads": (4, 1), "budget_s": (300.0, 120.0),
     }  # fmt: skip
     for name, (gpu_value, cpu_value) in defaults.items():
         if not getattr(args, name):

@@ -6,11 +6,16 @@
 #   bash bench/gpu_run.sh check [bench.gpu_check args]                      -> $OUT/gpu-check.json, .log
 #   bash bench/gpu_run.sh train PACK NAME [model.gpu_train args]            -> $OUT/NAME/, $OUT/NAME.log
 #   bash bench/gpu_run.sh env           # only what the environment set-up finds (seconds)
+# At most 8 files come back from one call: GPU_RUN_LOGS=0 keeps the logs on stdout only (the device tool
+# returns its last 12,000 characters), for a call that runs check and train together.
 # The logic is in the Python scripts; this sets up the environment they run in.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu-out}
 mkdir -p "$OUT"
+log_to() {  # log_to FILE: stdout, and FILE unless GPU_RUN_LOGS=0
+  if [ "${GPU_RUN_LOGS:-1}" = 0 ]; then cat; else tee "$1"; fi
+}
 # The GPU image's Python is 3.12 with torch, onnx, onnxruntime, numpy, sentencepiece, safetensors,
 # sacrebleu, aiohttp, prometheus-client (KINDS.md); what it lacks is carried, unpacked, stripped.
 PACKAGES="ctranslate2==4.8.5 grpcio==1.85.3 grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1
@@ -107,7 +112,7 @@ case "$cmd" in
   check)
     setup_env
     "$PY" -m bench.gpu_check --json "$OUT/gpu-check.json" --work bundles/gpu-check "$@" 2>&1 |
-      tee "$OUT/gpu-check.log"
+      log_to "$OUT/gpu-check.log"
     ;;
   train)
     [ $# -ge 2 ] || { echo "usage: bash bench/gpu_run.sh train PACK NAME [model.gpu_train args]"; exit 2; }
@@ -115,7 +120,7 @@ case "$cmd" in
     shift 2
     setup_env
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null
-    "$PY" -m model.gpu_train --pack "$pack" --out "$OUT/$name" "$@" 2>&1 | tee "$OUT/$name.log"
+    "$PY" -m model.gpu_train --pack "$pack" --out "$OUT/$name" "$@" 2>&1 | log_to "$OUT/$name.log"
     ;;
   *)
     echo "usage: bash bench/gpu_run.sh wheels | env | check [args] | train PACK NAME [args]"
