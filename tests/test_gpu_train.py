@@ -126,3 +126,17 @@ def test_int8_rows_are_within_half_a_step_of_the_weights():
     step = state["w"].abs().amax(dim=1, keepdim=True) / 127
     assert ((back["w"].float() - state["w"]).abs() <= step / 2 + 1e-3).all()
     assert torch.allclose(back["b"].float(), state["b"], atol=1e-3)
+
+
+def test_the_run_stops_itself_inside_its_time_budget(pack, tmp_path):
+    """No step limit: the clock ends training (cooldown over the last fifth), then it validates and
+    writes, all inside --minutes."""
+    out = tmp_path / "timed"
+    main(
+        ["--pack", str(pack), "--out", str(out), "--config", "tiny", "--device", "cpu", "--threads", "1",
+         "--minutes", "0.5", "--reserve-s", "5", "--valid-every", "0", "--valid-bleu-sentences", "2",
+         "--max-tokens", "60", "--max-sentences", "4", "--warmup", "2"]
+    )  # fmt: skip
+    run = json.loads((out / "training.json").read_text())["gpu_train"]
+    assert run["stop_reason"] in ("cooldown finished", "time budget") and run["steps"] > 10
+    assert run["cooldown"] is not None and run["total_seconds"] < 30
