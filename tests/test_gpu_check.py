@@ -48,3 +48,19 @@ def test_without_the_gpu_path_it_names_what_is_missing(tmp_path, capsys):
         assert report["stages"][stage]["status"] == "skipped"
         assert "onnxruntime-gpu" in report["stages"][stage]["reason"]
     assert "MISSING: onnxruntime-gpu" in capsys.readouterr().out
+
+
+def test_fp16_parity_runs_each_engine_with_its_own_half_precision_cache(tiny_checkpoint, tmp_path):
+    """The comparison the GPU run makes for fp16 (fp16 K/V and cross-attention inputs), on the CPU
+    provider, which has the fp16 kernels of the tiny model: close to fp32, not equal."""
+    from bench.gpu_check import parity
+    from server.engine import Engine
+    from tests.conftest import run_export
+
+    bundle = run_export(tiny_checkpoint, tmp_path / "tiny-fp16", "--variants", "fp32,fp16")
+    ref = Engine(bundle, variant="fp32", device="cpu", intra_op_threads=1)
+    half = Engine(bundle, variant="fp16", device="cpu", intra_op_threads=1)
+    assert half.generator.kv_dtype.__name__ == "float16"
+    report = parity(ref, half, ["Open the file.", "Save all documents now, please.", "Quit"])
+    assert 0 < report["step_logprob_max_abs"] < 0.05
+    assert report["sentences"] == 3 and report["greedy_mismatches"] <= 1
