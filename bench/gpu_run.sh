@@ -20,7 +20,7 @@ log_to() {  # log_to FILE: stdout, and FILE unless GPU_RUN_LOGS=0
 # sacrebleu, aiohttp, prometheus-client (KINDS.md); what it lacks is carried, unpacked, stripped.
 PACKAGES="ctranslate2==4.8.5 grpcio==1.85.3 grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1
 protobuf==7.36.2 sentencex==1.0.32 polib==1.2.0"
-SITE_TAR=.whl/site-cp312.tar.xz
+SITE_TAR=${GPU_RUN_SITE:-.whl/site-cp312.tar.xz}  # GPU_RUN_SITE=none: the current environment only
 
 wheels() {
   # Installed for CPython 3.12 on manylinux x86-64 into a folder, shared libraries stripped of their

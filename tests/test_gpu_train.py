@@ -140,3 +140,22 @@ def test_the_run_stops_itself_inside_its_time_budget(pack, tmp_path):
     run = json.loads((out / "training.json").read_text())["gpu_train"]
     assert run["stop_reason"] in ("cooldown finished", "time budget") and run["steps"] > 10
     assert run["cooldown"] is not None and run["total_seconds"] < 30
+
+
+def test_the_device_entry_trains_into_out(pack, tmp_path):
+    """bash bench/gpu_run.sh train, as the device tool runs it: the model directory and its log in $OUT."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    env = os.environ | {"OUT": str(tmp_path), "PYTHON": sys.executable, "GPU_RUN_SITE": "none"}
+    proc = subprocess.run(
+        ["bash", "bench/gpu_run.sh", "train", str(pack), "es-tiny", "--config", "tiny", "--device", "cpu",
+         "--threads", "1", "--max-steps", "2", "--valid-every", "0", "--valid-bleu-sentences", "2",
+         "--max-tokens", "60", "--max-sentences", "4"],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert (tmp_path / "es-tiny" / "config.json").is_file()
+    assert "done: 2 steps" in (tmp_path / "es-tiny.log").read_text()
