@@ -104,6 +104,14 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.model_latency = Histogram(
+            "translator_model_duration_seconds",
+            "Time from routing to answer of translations (text layer, queue, decode; errors included), "
+            "by model: the model's own latency, whatever carried the request.",
+            labelnames=MODEL_LABEL,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.families["queue_wait"] = Histogram(
             "translator_queue_wait_seconds",
             "Time a segment waited in the queue before its engine batch.",

@@ -11,6 +11,7 @@ status codes (gRPC status, HTTP status). Nothing here touches ONNX or a wire for
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -199,6 +200,28 @@ class TranslationCore:
         backend, _ = self.route(source_language, target_language)
         if len(self.backends) > 1:
             stats["model"] = backend.engine.name
+        start = time.monotonic()
+        try:
+            return await self._translate(
+                backend, texts, options, glossary, deadline, request_id, stats, accelerators
+            )
+        finally:
+            # Per model, whatever the outcome: what a flood on one model does to the others' latency.
+            self.metrics.model_latency.labels(model=str(backend.engine.name)).observe(
+                time.monotonic() - start
+            )
+
+    async def _translate(
+        self,
+        backend: Backend,
+        texts: Sequence[str],
+        options: OptionRequest,
+        glossary: Sequence[tuple[str, str]],
+        deadline: float | None,
+        request_id: str,
+        stats: dict,
+        accelerators: bool,
+    ) -> list[list[Hypothesis]]:
         engine = backend.engine
         self.validate_texts(texts)
         engine_options = resolve(engine, options)

@@ -23,6 +23,7 @@ EXPECTED = {
     "translator_requests": "counter",
     "translator_stream_items": "counter",
     "translator_request_duration_seconds": "histogram",
+    "translator_model_duration_seconds": "histogram",
     "translator_queue_wait_seconds": "histogram",
     "translator_batch_segments": "histogram",
     "translator_batch_tokens": "histogram",

@@ -332,6 +332,7 @@ def test_scheduler_metrics_carry_the_model(routed_server):
     for name in MODELS:
         assert routed_server.total("translator_segments_total", model=name, outcome="translated") >= 1, name
         assert routed_server.total("translator_queue_capacity_segments", model=name) == 256
+        assert routed_server.total("translator_model_duration_seconds_count", model=name) >= 1, name
     labelled = {
         s.labels["model"]
         for family in routed_server.server.metrics.registry.collect()
