@@ -32,6 +32,8 @@ import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
+
 from client.cli import (  # noqa: F401 - re-exported: the CLI's names as they were before client.cli
     EXIT_AUTH,
     EXIT_BUSY,
@@ -49,7 +51,7 @@ from client.cli import (  # noqa: F401 - re-exported: the CLI's names as they we
     read_glossary,
     translation_options,
 )
-from client.core import TranslatorError
+from client.core import TranslatorClient, TranslatorError
 
 
 def unescape_line(line: str) -> str:
@@ -177,6 +179,16 @@ def format_info(info) -> str:
     return "\n".join(f"{k + ':':<11}{v}" for k, v in rows)
 
 
+def all_models(client: TranslatorClient) -> list:
+    """Every model the server serves (ListModels), or its one model for a server older than it."""
+    try:
+        return client.list_models()
+    except TranslatorError as e:
+        if e.code != grpc.StatusCode.UNIMPLEMENTED:
+            raise
+        return [client.model_info()]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     lead = 2 if argv[:1] == ["--target"] else 1 if argv[:1] and argv[0].startswith("--target=") else 0
@@ -216,8 +228,11 @@ def main(argv: list[str] | None = None) -> int:
                 ),
             )
         if args.info:
-            pair = dict(source_language=args.source_language, target_language=args.target_language)
-            print(format_info(client.model_info(**pair)))
+            if args.source_language or args.target_language:
+                pair = dict(source_language=args.source_language, target_language=args.target_language)
+                print(format_info(client.model_info(**pair)))
+            else:
+                print("\n\n".join(format_info(info) for info in all_models(client)))
             return EXIT_OK
         batches = client.batches(texts, args.batch_size, **options)  # within the server's limits
         progress = None

@@ -307,6 +307,11 @@ def test_the_cli_takes_a_pair(routed_server, capsys, caplog):
     assert main([*base, "--from", "en", "--to", "de", "--info"]) == EXIT_OK
     out = capsys.readouterr().out
     assert "tiny-en-de" in out and "en -> de" in out
+    assert main([*base, "--info"]) == EXIT_OK  # every model, the default first
+    out = capsys.readouterr().out
+    assert [out.index(name) for name in ("tiny-en-es", "tiny-en-de", "tiny-en-pt")] == sorted(
+        out.index(name) for name in MODELS
+    )
     assert main([*base, "--to", "fr", "Open"]) == EXIT_INVALID
     assert f"fr is not supported as target: the models translate {SERVED}" in capsys.readouterr().err
 
