@@ -14,7 +14,8 @@ at most 8 files / 64 MiB (16 MiB each) coming back. So the run
   rate linearly to 0 (a cooldown, as `model.train --cooldown` ends the CPU runs), so the final weights
   are settled wherever the time budget falls;
 * validates like model.train (valid loss, novel/all BLEU and chrF, common UI strings) every
-  `--valid-every` steps and at the end, keeps the best weights by novel BLEU, and writes them as a
+  `--valid-every` steps and at the end, keeps the best weights by novel BLEU (written out after each
+  better validation too, so a run killed at the command's limit leaves its best), and writes them as a
   model directory (config.json, training.json with the curve, tokenizer.model) whose weights fit
   what may come back: fp16 safetensors in parts of at most `--part-mib` MiB, or, when fp16 would
   exceed `--return-mib` in all (a base-size model: 48M parameters, 96 MB), int8 with one scale per
@@ -250,7 +251,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         best: dict[str, Any] = {"bleu": -1.0, "state": None, "record": None}
         step = epoch = 0
         tokens_seen = 0
-        valid_seconds = 0.0
+        valid_seconds = write_seconds = 0.0
         train_start = time.time()
         cooldown_start: int | None = None
         cooldown = 0
@@ -259,7 +260,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         def train_deadline() -> float:
             # the final validation and the writing must fit too: keep the larger of the fixed reserve
             # and twice what a validation took so far
-            return budget_end - max(args.reserve_s, 2 * valid_seconds + 15)
+            return budget_end - max(args.reserve_s, 2 * valid_seconds + write_seconds + 15)
 
         def validate() -> dict[str, Any]:
             nonlocal valid_seconds
@@ -284,6 +285,46 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             log(f"step {step} epoch {epoch}: {describe_scores(scores)}{' (best)' if improved else ''}")
             model.train()
             return record
+
+        cpu_model = Transformer(config)  # the best weights are written from here, off the GPU
+
+        def write_out(stop_reason: str, train_seconds: float) -> dict[str, Any]:
+            """The best weights so far as a model directory that fits the trip back; also after each
+            better validation, so that a run killed at the command's limit still leaves its best."""
+            nonlocal write_seconds
+            t0 = time.time()
+            record = best["record"] or history[-1]
+            cpu_model.load_state_dict(best["state"] if best["state"] is not None else model.state_dict())
+            train_config = {k: v for k, v in vars(args).items() if isinstance(v, int | float | str | bool)}
+            train_config |= {"max_tokens": max_tokens, "max_sentences": max_sentences, "bf16": bf16}
+            metrics = release_metrics(
+                cpu_model, record, history, train_config, str(device), hardware, len(train_set)
+            )
+            summary = {
+                "pack": {k: pack.meta[k] for k in ("language", "target_language", "pairs")},
+                "steps": step,
+                "epochs": epoch,
+                "target_tokens": tokens_seen,
+                "train_seconds": round(train_seconds, 1),
+                "target_tokens_per_s": round(tokens_seen / max(train_seconds, 1e-6)),
+                "stop_reason": stop_reason,
+                "cooldown": [cooldown_start, cooldown] if cooldown_start is not None else None,
+                "best_step": record["step"],
+                "peak_gpu_memory_mib": round(torch.cuda.max_memory_allocated(device) / 2**20)
+                if cuda
+                else None,
+            }
+            args.out.mkdir(parents=True, exist_ok=True)
+            for old in args.out.iterdir():  # an earlier write's parts
+                if old.is_file():
+                    old.unlink()
+            save_release(cpu_model, args.out, tokenizer, metrics)
+            summary["return"] = fit_for_return(args.out, args.part_mib, args.return_mib)
+            summary["total_seconds"] = round(time.time() - started, 1)
+            metrics["gpu_train"] = summary
+            (args.out / "training.json").write_text(json.dumps(metrics, indent=2) + "\n")
+            write_seconds = time.time() - t0
+            return summary
 
         stop = False
         while epoch < args.epochs and not stop:
@@ -332,7 +373,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                     cooldown = max(1, int(step * args.cooldown_fraction / (1 - args.cooldown_fraction)))
                     log(f"cooldown: learning rate to 0 over steps {step}-{step + cooldown}")
                 if args.valid_every and step % args.valid_every == 0:
-                    validate()
+                    if validate() is best["record"]:
+                        write_out("running", time.time() - train_start)
                 if cooldown_start is not None and step >= cooldown_start + cooldown:
                     stop, stop_reason = True, "cooldown finished"
                 elif time.time() >= train_deadline():
@@ -346,32 +388,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         train_seconds = time.time() - train_start
         if not history or history[-1]["step"] != step:
             validate()
-        if best["state"] is not None:
-            model.load_state_dict(best["state"])
-        record = best["record"] or history[-1]
-        train_config = {k: v for k, v in vars(args).items() if isinstance(v, int | float | str | bool)}
-        train_config |= {"max_tokens": max_tokens, "max_sentences": max_sentences, "bf16": bf16}
-        metrics = release_metrics(model, record, history, train_config, str(device), hardware, len(train_set))
-        summary = {
-            "pack": {k: pack.meta[k] for k in ("language", "target_language", "pairs")},
-            "steps": step,
-            "epochs": round(epoch + (0 if stop_reason == "epochs" else 0.5), 1),
-            "target_tokens": tokens_seen,
-            "train_seconds": round(train_seconds, 1),
-            "target_tokens_per_s": round(tokens_seen / max(train_seconds, 1e-6)),
-            "stop_reason": stop_reason,
-            "cooldown": [cooldown_start, cooldown] if cooldown_start is not None else None,
-            "best_step": record["step"],
-            "peak_gpu_memory_mib": round(torch.cuda.max_memory_allocated(device) / 2**20) if cuda else None,
-        }
-        metrics["gpu_train"] = summary
-        args.out.mkdir(parents=True, exist_ok=True)
-        save_release(model, args.out, tokenizer, metrics)
-        summary["return"] = fit_for_return(args.out, args.part_mib, args.return_mib)
-        summary["total_seconds"] = round(time.time() - started, 1)
-        metrics["gpu_train"] = summary
-        (args.out / "training.json").write_text(json.dumps(metrics, indent=2) + "\n")
-        return summary | {"best": record}
+        summary = write_out(stop_reason, train_seconds)
+        return summary | {"best": best["record"]}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
