@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+# The project's one normalisation of a code (gettext's form, pt_BR): routing compares codes by it.
+from runtime.languages import normalise_code
+
 Pair = tuple[str, str]
 
 # What an empty pair means: the pair every client before multi-model serving asked for.
@@ -27,7 +30,8 @@ NAMES = {
 
 
 def bcp47(code: str) -> str:
-    """`code` in BCP-47's usual case, `_` read as `-`: "pt_br" -> "pt-BR", "ZH-hant" -> "zh-Hant"."""
+    """`code` as BCP-47 writes it, for display (/languages, messages): "pt_br" -> "pt-BR",
+    "ZH-hant" -> "zh-Hant"."""
     parts = [p for p in code.strip().replace("_", "-").split("-") if p]
     if not parts:
         return ""
@@ -44,7 +48,7 @@ def bcp47(code: str) -> str:
 
 def primary(code: str) -> str:
     """The language subtag: "pt-BR" -> "pt"."""
-    return bcp47(code).split("-", 1)[0]
+    return normalise_code(code).partition("_")[0]
 
 
 def resolve_code(code: str, served: Iterable[str]) -> str | None:
@@ -53,18 +57,18 @@ def resolve_code(code: str, served: Iterable[str]) -> str | None:
     Case and `_`/`-` do not matter. A bare language ("pt") names the one served variety of it ("pt-BR");
     a variety ("pt-BR") names a bare served language ("pt") when that is all there is. One variety never
     stands for another (pt-PT is not pt-BR), and an ambiguous bare language names none."""
-    wanted = bcp47(code)
+    wanted = normalise_code(code)
     if not wanted:
         return None
     served = list(dict.fromkeys(served))
     for s in served:
-        if bcp47(s) == wanted:
+        if normalise_code(s) == wanted:
             return s
     lang = primary(wanted)
     same = [s for s in served if primary(s) == lang]
     if wanted == lang:
         return same[0] if len(same) == 1 else None
-    bare = [s for s in same if bcp47(s) == lang]
+    bare = [s for s in same if normalise_code(s) == lang]
     return bare[0] if bare else None
 
 
