@@ -368,3 +368,23 @@ def test_the_dashboard_selects_a_model():
     assert any("translator_queue_segments" in e for e in filtered)
     assert any("translator_queue_wait_seconds" in e for e in filtered)
     assert 'model=~"en-de"' in grafana_to_promql(filtered[0], model="en-de")
+
+
+def test_python_m_server_serves_the_configured_models(store, server_process):
+    """TRANSLATOR_MODELS as an operator sets it: those bundles of the bundles dir, in that order; a name
+    that is no bundle stops the start before a port opens."""
+    from client import TranslatorClient
+    from tests.conftest import wait_serving
+
+    env = {"TRANSLATOR_BUNDLES_DIR": str(store), "TRANSLATOR_THREADS": "1", "TRANSLATOR_WARMUP": "false"}
+    proc = server_process({**env, "TRANSLATOR_MODELS": "tiny-en-pt,tiny-en-de"})
+    wait_serving(proc.target, timeout=60)
+    with TranslatorClient(proc.target, timeout=30) as c:
+        models = c.list_models()
+        # No en -> es here: the default is the first model, and an empty pair is its pair.
+        assert [m.name for m in models] == ["tiny-en-pt", "tiny-en-de"]
+        assert c.model_info().name == "tiny-en-pt"
+        assert len(c.translate(["Open"], target_language="de", max_length=4)) == 1
+    bad = server_process({**env, "TRANSLATOR_MODELS": "tiny-en-pt,tiny-en-fr"})
+    assert bad.proc.wait(60) == 1
+    assert any("tiny-en-fr" in line.get("msg", "") + str(line) for line in bad.log_lines())
