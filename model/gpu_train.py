@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import random
 import shutil
 import sys
@@ -59,7 +60,9 @@ from model.train import (
     repeat_by_counts,
     save_release,
     tokenize_pairs,
+    translate,
 )
+from runtime.splits import escape_line, unescape_line
 
 PRESETS: dict[str, dict[str, int]] = {
     "tiny": {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_encoder_layers": 1, "n_decoder_layers": 1},
@@ -73,6 +76,7 @@ PRESETS: dict[str, dict[str, int]] = {
         "n_decoder_layers": 2,
     },
 }
+DISTILLED = "distilled.tgt.xz"  # the model's greedy translation of every train source, pack order
 WEIGHTS = "model.safetensors"
 INT8_WEIGHTS = "model.int8.safetensors"
 
@@ -182,6 +186,49 @@ def restore(src: Path, dst: Path) -> Path:
     return dst
 
 
+# ---- distillation: the teacher's translations as a student's targets -----------------------------------
+
+
+def distill(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    sources: list[str],
+    device: torch.device,
+    out: Path,
+    deadline: float,
+    batch_size: int,
+) -> dict[str, Any]:
+    """Greedy translations of `sources` (shortest first, model.train.translate in chunks) until
+    `deadline`, written to `out` one escaped line each in the sources' order; those not reached stay
+    empty (`--targets-from` then keeps the human target)."""
+    t0 = time.time()
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    done: dict[int, str] = {}
+    chunk = batch_size * 16
+    for start in range(0, len(order), chunk):
+        if time.time() >= deadline:
+            break
+        idx = order[start : start + chunk]
+        for i, hyp in zip(
+            idx, translate(model, tokenizer, [sources[i] for i in idx], device, batch_size), strict=True
+        ):
+            done[i] = hyp
+        log(f"distill: {len(done)}/{len(sources)} sources, {len(done) / (time.time() - t0):.0f}/s")
+    lines = "".join(escape_line(done.get(i, "")) + "\n" for i in range(len(sources)))
+    out.write_bytes(lzma.compress(lines.encode("utf-8"), preset=6))
+    seconds = time.time() - t0
+    return {"sources": len(sources), "translated": len(done), "seconds": round(seconds, 1),
+            "per_s": round(len(done) / max(seconds, 1e-6), 1), "bytes": out.stat().st_size}  # fmt: skip
+
+
+def with_targets(pairs: list[tuple[str, str]], path: Path) -> list[tuple[str, str]]:
+    """`pairs` with the targets of a distilled file (DISTILLED), where it has one (empty: kept)."""
+    lines = lzma.decompress(path.read_bytes()).decode("utf-8").split("\n")[:-1]
+    if len(lines) != len(pairs):
+        raise SystemExit(f"{path}: {len(lines)} lines for {len(pairs)} train pairs (another pack?)")
+    return [(s, unescape_line(t) if t else target) for (s, target), t in zip(pairs, lines, strict=True)]
+
+
 # ---- training ------------------------------------------------------------------------------------------
 
 
@@ -215,6 +262,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         tok_path = work / "tokenizer.model"
         tok_path.write_bytes(pack.tokenizer_model)
         tokenizer = Tokenizer(tok_path)
+        if args.targets_from:
+            pack.train = with_targets(pack.train, args.targets_from)
         pairs = pack.train[: args.max_train_pairs] if args.max_train_pairs else pack.train
         pairs = repeat_by_counts(pairs, pack.train_packages)
         log(f"pack {args.pack}: en->{pack.meta['target_language']}, tokenizing {len(pairs)} train pairs")
@@ -260,7 +309,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         def train_deadline() -> float:
             # the final validation and the writing must fit too: keep the larger of the fixed reserve
             # and twice what a validation took so far
-            return budget_end - max(args.reserve_s, 2 * valid_seconds + write_seconds + 15)
+            reserve = max(args.reserve_s, 2 * valid_seconds + write_seconds + 15)
+            return budget_end - reserve - (args.distill_s if args.distill else 0)
 
         def validate() -> dict[str, Any]:
             nonlocal valid_seconds
@@ -389,6 +439,22 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         if not history or history[-1]["step"] != step:
             validate()
         summary = write_out(stop_reason, train_seconds)
+        if args.distill:
+            # the best weights (as written) translate the train sources for a student (sequence-level
+            # knowledge distillation), in what time is left
+            model.load_state_dict(cpu_model.state_dict())
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16):
+                summary["distill"] = distill(
+                    model, tokenizer, [s for s, _ in pack.train], device, args.out / DISTILLED,
+                    budget_end - 10, args.distill_batch,
+                )  # fmt: skip
+            back = summary["return"]
+            back["files"] += 1
+            back["total_bytes"] += summary["distill"]["bytes"]
+            back["fits"] = back["files"] <= 7 and back["total_bytes"] <= args.return_mib * 2**20
+            training = json.loads((args.out / "training.json").read_text())
+            training["gpu_train"] |= {"distill": summary["distill"], "return": back}
+            (args.out / "training.json").write_text(json.dumps(training, indent=2) + "\n")
         return summary | {"best": best["record"]}
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -429,6 +495,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--part-mib", type=float, default=15.5, help="largest file written (16 MiB come back)")
     p.add_argument("--return-mib", type=float, default=56.0, help="all files written (64 MiB come back)")
     p.add_argument("--no-bf16", action="store_true", help="fp32 on CUDA too")
+    p.add_argument("--distill", action="store_true", help=f"after training, write {DISTILLED} (teacher)")
+    p.add_argument("--distill-s", type=float, default=150.0, help="seconds kept for --distill")
+    p.add_argument("--distill-batch", type=int, default=256, help="sentences per greedy batch")
+    p.add_argument("--targets-from", type=Path, help=f"a teacher's {DISTILLED}: train on its targets")
     p.add_argument("--seed", type=int, default=1234)
     return p
 

@@ -159,3 +159,18 @@ def test_the_device_entry_trains_into_out(pack, tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert (tmp_path / "es-tiny" / "config.json").is_file()
     assert "done: 2 steps" in (tmp_path / "es-tiny.log").read_text()
+
+
+def test_a_teacher_distills_the_train_sources_and_a_student_trains_on_them(pack, tmp_path):
+    import lzma
+
+    teacher = tmp_path / "teacher"
+    _train(pack, teacher, "--max-steps", "2", "--valid-every", "0", "--distill", "--distill-batch", "4")
+    run = json.loads((teacher / "training.json").read_text())["gpu_train"]
+    assert run["distill"]["translated"] == run["distill"]["sources"] == 16 and run["return"]["fits"]
+    lines = lzma.decompress((teacher / "distilled.tgt.xz").read_bytes()).decode().split("\n")[:-1]
+    assert len(lines) == 16 and all("\n" not in line for line in lines)  # escaped, one per pair
+    student = tmp_path / "student"
+    _train(pack, student, "--max-steps", "2", "--valid-every", "0", "--config", "tiny",
+           "--encoder-layers", "2", "--targets-from", str(teacher / "distilled.tgt.xz"))  # fmt: skip
+    assert json.loads((student / "training.json").read_text())["gpu_train"]["steps"] == 2
