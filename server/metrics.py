@@ -258,26 +258,10 @@ class Metrics:
             setattr(view, name, self._bind(name, model))
         return view
 
-    def set_model(
-        self,
-        *,
-        name: str,
-        version: str,
-        variant: str,
-        source_language: str,
-        target_language: str,
-        providers: list[str],
-    ) -> None:
-        """The one loaded model's info series (replacing any before)."""
+    def set_model(self, **info: Any) -> None:
+        """The one loaded model's info series, replacing any before (the fields of `add_model`)."""
         self.model_info.clear()
-        self.add_model(
-            name=name,
-            version=version,
-            variant=variant,
-            source_language=source_language,
-            target_language=target_language,
-            providers=providers,
-        )
+        self.add_model(**info)
 
     def add_model(
         self,
