@@ -31,6 +31,7 @@ from pathlib import Path
 
 from bench.evaluate import translate_onnx, write_report
 from runtime.bundle import load_manifest, sha256_file
+from runtime.faithful.lexicon import LEXICON_FILE, non_word_rate, read_lexicon
 
 DEFAULT_SET = Path(__file__).resolve().parent / "data" / "everyday.jsonl"
 CATEGORIES = ("greeting", "politeness", "app", "sentence", "multi")
@@ -140,6 +141,20 @@ def score(items: Sequence[Item], outputs: Sequence[str]) -> dict:
 # Running
 
 
+def everyday_non_words(bundle: Path, items: Sequence[Item], outputs: Sequence[str]) -> dict | None:
+    """Non-word rates (runtime.faithful.lexicon) of the outputs and, beside them, of each item's first
+    accepted translation (the human side); None for a bundle without a lexicon."""
+    path = bundle / LEXICON_FILE
+    if not path.is_file():
+        return None
+    lexicon = read_lexicon(path)
+    sources = [item.source for item in items]
+    return {
+        "outputs": non_word_rate(list(zip(sources, outputs, strict=True)), lexicon),
+        "accepted": non_word_rate([(item.source, item.accepted[0]) for item in items], lexicon),
+    }
+
+
 def decoding_defaults(bundle: Path, variant: str) -> dict:
     """The bundle's decoding defaults, filled in as ``server.engine.Engine`` fills them (its
     default_options): what a request without options gets from the service."""
@@ -179,6 +194,7 @@ def run(
         "seconds": round(translation.seconds, 2),
         **score(items, translation.hypotheses),
         "overlap": training_overlap(items, data) if data is not None else None,
+        "non_words": everyday_non_words(bundle, items, translation.hypotheses),
     }
     report["total_seconds"] = round(time.perf_counter() - started, 2)
     return report

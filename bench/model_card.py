@@ -76,6 +76,45 @@ def _row(name: str, s: dict) -> str:
     )
 
 
+def _rate(r: dict) -> str:
+    return f"{r['percent']:.1f}% ({r['count']}/{r['n']})"
+
+
+def _non_words(reports: dict) -> list[str]:
+    """Outputs with a word in no dictionary of the bundle's lexicon, beside the human side's rate, on the
+    test sample and on the everyday set (issue 30's measure of invented words)."""
+    test = reports.get("service") or reports.get("fp32") or {}
+    if test.get("reference_non_words") is None:
+        return []
+    rows = [
+        (label, reports[key]["systems"]["model"].get("non_words"))
+        for key, label in (
+            ("fp32", "ONNX fp32"),
+            ("int8", "ONNX int8"),
+            ("service", "ONNX fp32 + text layer"),
+        )
+        if key in reports
+    ]
+    apertium = reports.get("torch", {}).get("systems", {}).get("apertium", {}).get("non_words")
+    parts = [f"{label} {_rate(r)}" for label, r in rows if r] + (
+        [f"Apertium {_rate(apertium)}"] if apertium else []
+    )
+    out = [
+        "",
+        "Non-words (outputs holding a word in no dictionary of the bundle's lexicon, Debian's hunspell-es expanded, "
+        "and not copied from the source), test sample: "
+        + ", ".join(parts)
+        + f"; human references {_rate(test['reference_non_words'])}.",
+    ]
+    everyday_rates = (reports.get("everyday") or {}).get("non_words")
+    if everyday_rates:
+        out.append(
+            f"First five minutes: the service {_rate(everyday_rates['outputs'])}, the first accepted "
+            f"translations {_rate(everyday_rates['accepted'])}."
+        )
+    return out
+
+
 def _first_five_minutes(report: dict) -> list[str]:
     """The everyday set (bench.everyday): the accepted share per category and overall, the first misses."""
     overall, overlap = report["overall"], report.get("overlap")
@@ -257,6 +296,7 @@ def render(args: argparse.Namespace) -> str:
                 f"| {package} | {row['n']} | {row['model']['chrf']:.1f} | {row['apertium']['chrf']:.1f}{flag} |"
             )
         out += _unseen_words_note(args.model, main)
+    out += _non_words(reports)
     misses = model["common_strings"]["misses"]
     if misses:
         shown = "; ".join(

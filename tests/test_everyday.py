@@ -14,6 +14,7 @@ from bench import everyday
 from bench.everyday import CATEGORIES, DEFAULT_SET, Item, judge, load_items, normalise, score, select
 from bench.model_card import _first_five_minutes
 from runtime.bundle import load_manifest
+from runtime.faithful.lexicon import LEXICON_FILE, non_words, read_lexicon
 
 
 @pytest.fixture(scope="module")
@@ -193,6 +194,12 @@ def test_a_run_on_the_shipped_bundle(shipped_bundle: Path, tmp_path: Path, capsy
     assert engine["text_layer"] is True and engine["beam"] == decoding["beam_size"]
     assert engine["length_penalty"] == decoding["length_penalty"]
     assert report["overlap"]["in_train"] == 1 and report["overlap"]["ids"] == ["greeting-001"]
+    # the shipped bundle carries a lexicon: non-word rates of the outputs and of the accepted side
+    rates = report["non_words"]
+    assert rates["outputs"]["n"] == rates["accepted"]["n"] == n
+    lexicon = read_lexicon(shipped_bundle / LEXICON_FILE)
+    bad = [r for r in report["items"] if non_words(r["source"], r["output"], lexicon)]
+    assert rates["outputs"]["count"] == len(bad)
 
     printed = capsys.readouterr().out
     summary = f"first five minutes: {accepted}/{n} accepted"
