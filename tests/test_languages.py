@@ -454,3 +454,15 @@ def test_the_catalogs_agree_with_what_gettext_knows(code, tmp_path):
     target = runtime_languages.target_language(code)
     assert target.gettext_language == header["Language"]
     assert target.plural_forms.signature() == parse_plural_forms(header["Plural-Forms"]).signature()
+
+
+def test_read_split_follows_the_corpus_target_language(tmp_path):
+    from runtime.splits import read_split, target_language
+
+    (tmp_path / "train.en").write_text("Open\nSave\n", encoding="utf-8")
+    (tmp_path / "train.fr").write_text("Ouvrir\nEnregistrer\n", encoding="utf-8")
+    (tmp_path / "train.es").write_text("Abrir\nGuardar\n", encoding="utf-8")
+    assert target_language(tmp_path) == "es"  # no manifest: a corpus from before --lang
+    assert read_split(tmp_path, "train") == [("Open", "Abrir"), ("Save", "Guardar")]
+    (tmp_path / "manifest.json").write_text('{"language": {"code": "fr"}}', encoding="utf-8")
+    assert read_split(tmp_path, "train") == [("Open", "Ouvrir"), ("Save", "Enregistrer")]
