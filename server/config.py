@@ -21,6 +21,9 @@ ENV_PREFIX = "TRANSLATOR_"
 # device is a configuration error (exit 2), not a model that fails to load.
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 DEVICES = "auto, cpu, cuda or cuda:N"
+# An origin as browsers send it (scheme://host[:port], no path): a configured one with a path or a
+# trailing slash could never match, so it is a configuration error.
+CORS_ORIGIN = re.compile(r"https?://[^\s/?#,*]+")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -55,6 +58,9 @@ class ServerConfig:
     http_keepalive_timeout_s: float = 15.0  # an idle keep-alive connection is closed after this
     http_body_timeout_s: float = 30.0  # a request's body must arrive within this once its headers have
     http_max_connections: int = 1000  # open HTTP connections; beyond: 503 and closed (also <= fds / 2)
+    # Browser origins allowed to call the HTTP API (CORS): "" = none (no CORS headers), "*" = any, or a
+    # comma-separated list of exact origins. Off by default: see docs/service.md "HTTP API".
+    http_cors_origins: str = ""
     # gRPC limits: health Watch streams (all connections together) and streams per HTTP/2 connection.
     max_health_watches: int = 100
     grpc_max_streams_per_connection: int = 128
@@ -152,6 +158,13 @@ class ServerConfig:
             bad("file_queue_share", "a number in (0, 1]", self.file_queue_share)
         if self.http_public_url and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", self.http_public_url):
             bad("http_public_url", "an http(s):// URL without query or fragment", self.http_public_url)
+        origins = [o.strip() for o in self.http_cors_origins.split(",") if o.strip()]
+        if origins != ["*"] and not all(CORS_ORIGIN.fullmatch(o) for o in origins):
+            bad(
+                "http_cors_origins",
+                "empty, * or comma-separated origins (https://host[:port])",
+                self.http_cors_origins,
+            )
         if self.max_texts > self.max_queue_segments:
             errors.append(
                 f"{setting('max_texts')} ({self.max_texts}) must not exceed "
@@ -252,6 +265,9 @@ HELP = {
     "are in; slower requests get 408",
     "http_max_connections": "open HTTP connections, >= 1; past it a new connection gets 503 and is "
     "closed (never more than half the process's open-file limit, so gRPC keeps descriptors)",
+    "http_cors_origins": "browser origins allowed to call the HTTP API (CORS): empty = none (no CORS "
+    "headers, the default), * = any origin (as LibreTranslate), or comma-separated exact origins "
+    "(https://app.example.org,http://localhost:8080)",
     "max_health_watches": "open gRPC health Watch streams, all clients together, >= 1; past it Watch "
     "answers RESOURCE_EXHAUSTED",
     "grpc_max_streams_per_connection": "concurrent gRPC streams (calls) per client connection, >= 1 "

@@ -3,8 +3,9 @@
 aiohttp serves it on the gRPC server's asyncio event loop (grpc.aio), so both transports call the same
 `TranslationCore` (server/translate.py: validation, text layer, scheduler) with no thread hop. Routes:
 POST /translate, GET /languages, POST /translate_file + GET /download_file/{id}/{name},
-GET /frontend/settings, GET /health, and the page at /. Bodies are JSON or forms (urlencoded or
-multipart), as LibreTranslate takes them; errors are `{"error": message}` with 400 (bad input),
+GET /frontend/settings, POST /suggest (always 403, as LibreTranslate's with suggestions off),
+GET /health, and the page at /; CORS when --http-cors-origins is set. Bodies are JSON or forms
+(urlencoded or multipart), as LibreTranslate takes them; errors are `{"error": message}` with 400 (bad input),
 403 (bad api_key), 429 (overloaded, with Retry-After), 500, 503 (not ready), 504 (deadline).
 Handlers never touch ONNX. Documentation: docs/service.md, "HTTP API (LibreTranslate-compatible)".
 """
@@ -50,6 +51,7 @@ log = logging.getLogger("server.requests")
 
 WEB_DIR = Path(__file__).with_name("web")
 LANGUAGE_NAMES = {"en": "English", "es": "Spanish"}
+FRONTEND_TIMEOUT_MS = 250  # /frontend/settings frontendTimeout: server/web/index.html waits as long
 STATUS = {  # the shared path's failure kinds as HTTP statuses
     core.INVALID: 400,
     core.OVERLOADED: 429,
@@ -181,6 +183,16 @@ def _reason(e: BaseException) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
+def note_list(hyps: list[Any]) -> list[dict[str, Any]]:
+    """A text's notes (server/contract.py SegmentNote, on its best hypothesis) as JSON: what the gRPC
+    API's Translation.notes carry (server/service.py to_translations), the action by its lowercase name
+    ("passed_through", "repaired", "memory"), offsets in code points of the source text."""
+    return [
+        {"action": n.action, "start": n.start, "end": n.end, "reason": n.reason}
+        for n in (hyps[0].notes if hyps else ())
+    ]
+
+
 MAX_INT_PARAM = 2**31 - 1  # beyond it a number is no meaningful count or deadline (and 1e400 overflows)
 
 
@@ -228,8 +240,11 @@ class HttpApi:
         self.file_limits = file_limits or FileLimits()
         self.files = DownloadStore(self.file_limits.store_bytes, self.file_limits.ttl_s)
         self.file_work = FileTranslator(translation, self.file_limits)
-        self.app = web.Application(client_max_size=self.limits.max_body_bytes, middlewares=[self._errors])
+        self.app = web.Application(
+            client_max_size=self.limits.max_body_bytes, middlewares=[self._preflight, self._errors]
+        )
         self.app.on_response_prepare.append(self._security_headers)
+        self.app.on_response_prepare.append(self._cors_headers)
         self.app.add_routes(
             [
                 web.get("/", self.page),
@@ -237,6 +252,7 @@ class HttpApi:
                 web.get("/languages", self.languages),
                 web.get("/frontend/settings", self.settings),
                 web.post("/translate", self.translate),
+                web.post("/suggest", self.suggest),
                 web.post("/translate_file", self.translate_file),
                 web.get("/download_file/{id}/{name}", self.download),
             ]
@@ -308,6 +324,42 @@ class HttpApi:
             if e.status < 400:
                 raise
             return web.json_response({"error": e.reason}, status=e.status)
+
+    @web.middleware
+    async def _preflight(self, request: web.Request, handler) -> web.StreamResponse:
+        """A CORS preflight (OPTIONS with Origin and Access-Control-Request-Method), answered before any
+        route or credential check: browsers send it without credentials. CORS off: it goes on to the
+        router (405, as before); an origin not in the list: 403, which the browser reports as a CORS
+        failure."""
+        if not (
+            request.method == "OPTIONS"
+            and self.limits.cors_origins
+            and "Origin" in request.headers
+            and "Access-Control-Request-Method" in request.headers
+        ):
+            return await handler(request)
+        if self.limits.cors_origin(request.headers["Origin"]) is None:
+            return web.json_response({"error": "Origin not allowed"}, status=403)
+        return web.Response(
+            status=204,
+            headers={
+                "Access-Control-Allow-Methods": "GET, POST",
+                "Access-Control-Allow-Headers": "Content-Type, Authorization",
+                "Access-Control-Max-Age": str(self.limits.cors_max_age_s),
+            },
+        )
+
+    async def _cors_headers(self, request: web.Request, response: web.StreamResponse) -> None:
+        """Access-Control-Allow-Origin on every answer to an allowed Origin (errors included: a browser
+        client must be able to read a 429 or 403 too). An echoed origin varies with the request's, so
+        caches must key on it."""
+        allowed = self.limits.cors_origin(request.headers.get("Origin"))
+        if allowed is None:
+            return
+        response.headers["Access-Control-Allow-Origin"] = allowed
+        response.headers["Access-Control-Expose-Headers"] = "Retry-After"  # 429's and 503's wait
+        if allowed != "*":
+            response.headers.add("Vary", "Origin")
 
     def _count_malformed(self, message: str) -> None:
         """A request aiohttp's parser refused (server/http_limits.py): counted as the 400 it got."""
@@ -451,6 +503,9 @@ class HttpApi:
                 "filesTranslation": True,
                 "supportedFilesFormat": list(SUFFIXES),
                 "maxAlternatives": (engine.max_beam_size - 1) if engine else 0,
+                # LibreTranslate front ends translate this many ms after the last key (our page's delay).
+                "frontendTimeout": FRONTEND_TIMEOUT_MS,
+                "suggestions": False,
                 "language": {
                     "source": {"code": pair[0], "name": LANGUAGE_NAMES.get(pair[0], pair[0])},
                     "target": {"code": pair[1], "name": LANGUAGE_NAMES.get(pair[1], pair[1])},
@@ -460,6 +515,11 @@ class HttpApi:
 
     async def translate(self, request: web.Request) -> web.StreamResponse:
         return await self._serve("Translate", request, self._translate)
+
+    async def suggest(self, request: web.Request) -> web.Response:
+        """LibreTranslate's answer when suggestions are off (they always are here: nothing would review
+        them), so its clients show their usual message; the body is never read."""
+        return web.json_response({"error": "Suggestions are disabled on this server."}, status=403)
 
     async def _translate(
         self, request: web.Request, params: dict[str, Any], request_id: str, stats: dict
@@ -499,6 +559,9 @@ class HttpApi:
         if alternatives:
             alts = [[h.text for h in hyps[1:]] for hyps in results]
             body["alternatives"] = alts if batch else alts[0]
+        notes = [note_list(hyps) for hyps in results]
+        if any(notes):  # only then: answers without notes stay exactly LibreTranslate's
+            body["notes"] = notes if batch else notes[0]
         if auto:
             detected = {"confidence": 100.0, "language": pair[0]}
             body["detectedLanguage"] = [detected] * len(texts) if batch else detected

@@ -42,6 +42,13 @@ def open_files_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
+def parse_origins(value: str) -> tuple[str, ...]:
+    """--http-cors-origins as HttpLimits.cors_origins: the comma-separated origins, lowercase, blanks and
+    empty items dropped ("*" stays alone: any origin)."""
+    origins = tuple(dict.fromkeys(o.strip().lower() for o in value.split(",") if o.strip()))
+    return ("*",) if "*" in origins else origins
+
+
 @dataclass(frozen=True)
 class HttpLimits:
     """The HTTP port's limits; the first four are settings (server/config.py: --http-header-timeout-s,
@@ -62,6 +69,10 @@ class HttpLimits:
     # After an answer sent before the body was read (403, 408, 413), how long the rest of the body is
     # read and dropped so that the client sees the answer; then the connection is closed.
     lingering_s: float = 2.0
+    # Browser origins allowed to call the API (CORS; --http-cors-origins): () = CORS off, ("*",) = any,
+    # else exact origins, lowercase (browsers send scheme and host lowercase).
+    cors_origins: tuple[str, ...] = ()
+    cors_max_age_s: int = 3600  # how long a browser may reuse a preflight's answer
 
     @classmethod
     def from_config(cls, config: Any) -> HttpLimits:
@@ -71,7 +82,17 @@ class HttpLimits:
             body_timeout_s=config.http_body_timeout_s,
             max_connections=config.http_max_connections,
             max_body_bytes=config.max_message_bytes,
+            cors_origins=parse_origins(config.http_cors_origins),
         )
+
+    def cors_origin(self, origin: str | None) -> str | None:
+        """The Access-Control-Allow-Origin for a request's Origin: "*", the origin itself, or None (CORS
+        off, no Origin, or an origin not in the list)."""
+        if not self.cors_origins or not origin:
+            return None
+        if self.cors_origins == ("*",):
+            return "*"
+        return origin if origin.lower() in self.cors_origins else None
 
     @property
     def connection_cap(self) -> int:

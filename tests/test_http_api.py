@@ -121,14 +121,21 @@ def test_list_q_json_and_form(http_server):
         http_server, "translate", {"q": ["Open the file", "Save"], "source": "en", "target": "es"}
     )
     assert status == 200
-    assert body == {"translatedText": ["Abrir el archivo", "Guardar"]}
+    # "Save" is answered from the translation memory: its note comes with it (an extension).
+    memory = {
+        "action": "memory",
+        "start": 0,
+        "end": 4,
+        "reason": "translation memory: as 55 packages translate it",
+    }
+    assert body == {"translatedText": ["Abrir el archivo", "Guardar"], "notes": [[], [memory]]}
     # A form body with q repeated is a list too; a single q a string.
     status, _, body = call(
         http_server, "translate", {"q": ["Open the file", "Save"], "source": "en", "target": "es"}, form=True
     )
     assert status == 200 and body["translatedText"] == ["Abrir el archivo", "Guardar"]
     status, _, body = call(http_server, "translate", {"q": "Save", "source": "en", "target": "es"}, form=True)
-    assert body == {"translatedText": "Guardar"}
+    assert body == {"translatedText": "Guardar", "notes": [memory]}
 
 
 def test_html_keeps_tags_and_entities(http_server):

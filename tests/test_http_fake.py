@@ -172,6 +172,8 @@ def test_settings_and_languages_describe_the_model(http):
         "filesTranslation": True,
         "supportedFilesFormat": [".po", ".pot", ".txt"],
         "maxAlternatives": 7,
+        "frontendTimeout": 250,
+        "suggestions": False,
         "language": {
             "source": {"code": "en", "name": "English"},
             "target": {"code": "es", "name": "Spanish"},
