@@ -24,6 +24,7 @@ from pathlib import Path
 import polib
 
 from runtime import subprocess_run
+from runtime.languages import PluralForms, TargetLanguage, normalise_code, target_language
 from runtime.po_text import (
     CREDIT_MSGIDS,
     catalog_markers,
@@ -197,19 +198,22 @@ def read_catalog_file(path: str | Path, limits: CatalogLimits | None = None) -> 
     return read_catalog(data, str(path), limits)
 
 
-def nplurals(po: polib.POFile) -> int:
+def nplurals(po: polib.POFile, expected: str = SPANISH_PLURALS, name: str = "Spanish") -> int:
     """The number of plural forms the header declares (2, Spanish's, when it declares none). Every
     plural entry gets that many msgstr forms and msgfmt -c's cost grows with its square, so a number no
-    language has is refused (CatalogError) rather than obeyed."""
+    language has is refused (CatalogError) rather than obeyed. `expected` / `name`: the target
+    language's Plural-Forms and name, for the message."""
     m = re.search(r"nplurals\s*=\s*(\d+)", po.metadata.get("Plural-Forms", ""))
     if not m:
         return 2
     digits = m.group(1).lstrip("0") or "0"
     if len(digits) > 3 or not 1 <= int(digits) <= MAX_PLURAL_FORMS:
         shown = digits if len(digits) <= 12 else f"{digits[:6]}... ({len(digits)} digits)"
+        n_expected = re.search(r"nplurals\s*=\s*(\d+)", expected)
+        count = n_expected.group(1) if n_expected else "?"
         raise CatalogError(
-            f"the header's Plural-Forms declares nplurals={shown}: Spanish has 2 plural forms "
-            f"({SPANISH_PLURALS}) and no language has more than {MAX_PLURAL_FORMS}; fix the header"
+            f"the header's Plural-Forms declares nplurals={shown}: {name} has {count} plural forms "
+            f"({expected}) and no language has more than {MAX_PLURAL_FORMS}; fix the header"
         )
     return int(digits)
 
@@ -307,11 +311,44 @@ def markers_of(po: polib.POFile, choice: str) -> str:
     return catalog_markers(msgids, po.metadata.get("X-Accelerator-Marker", "").strip()[:1])
 
 
-def update_header(po: polib.POFile, stem: str, generator: str, revised: bool) -> None:
-    """Spanish header: Language, Plural-Forms (when missing or not Spanish), UTF-8, and the template's
-    placeholder values replaced as msginit does; PO-Revision-Date is now when `revised`."""
+def plural_header(forms: PluralForms) -> str:
+    """A Plural-Forms value as msginit writes it (the expression in parentheses: `plural=(n != 1);`),
+    so a filled catalog reads like one a translator started with msginit."""
+    expr, depth, whole = forms.plural, 0, forms.plural.startswith("(")
+    for i, c in enumerate(expr):
+        depth += (c == "(") - (c == ")")
+        if depth == 0 and i < len(expr) - 1:
+            whole = False  # "(n == 1) ? 0 : 1": the first parenthesis closes before the end
+    return f"nplurals={forms.nplurals}; plural={expr if whole else f'({expr})'};"
+
+
+def _same_language(declared: str, target: TargetLanguage | None, code: str) -> bool:
+    """Whether a catalog's Language header already names the target language: the same code, or a
+    region of a target that has none (es_MX is Spanish); one variety never stands for another."""
+    declared = normalise_code(declared) if declared.strip() else ""
+    names = {normalise_code(code)} | ({normalise_code(target.gettext_language)} if target else set())
+    return declared in names or (
+        "_" not in normalise_code(code) and declared.partition("_")[0] == normalise_code(code)
+    )
+
+
+def update_header(
+    po: polib.POFile, stem: str, generator: str, revised: bool, target: str | None = None
+) -> None:
+    """The header for the target language (`target`, a code runtime.languages knows; None: Spanish,
+    as the client writes it): Language and Plural-Forms (when missing, not a valid rule, or the catalog
+    names another language), UTF-8, and the template's placeholder values replaced as msginit does;
+    PO-Revision-Date is now when `revised`. A catalog already of the target language keeps its own
+    Plural-Forms (its translators' choice), bounded by nplurals() like any other."""
     md = po.metadata
     language = md.get("Language", "")
+    try:
+        lang = target_language(target) if target is not None else None
+    except KeyError:
+        lang = None  # a target without data: its code as Language, the catalog's own rule
+    code = target if target is not None else "es"
+    header_language = lang.gettext_language if lang else normalise_code(code)
+    rule = SPANISH_PLURALS if target is None else (plural_header(lang.plural_forms) if lang else "")
     if md.get("Project-Id-Version", TEMPLATE_DEFAULTS["Project-Id-Version"]) in ("", "PACKAGE VERSION"):
         md["Project-Id-Version"] = stem
     if revised or md.get("PO-Revision-Date", "") in ("", TEMPLATE_DEFAULTS["PO-Revision-Date"]):
@@ -319,16 +356,22 @@ def update_header(po: polib.POFile, stem: str, generator: str, revised: bool) ->
     for name, value in (("Last-Translator", "Automatically generated"), ("Language-Team", "none")):
         if md.get(name, TEMPLATE_DEFAULTS[name]) in ("", TEMPLATE_DEFAULTS[name]):
             md[name] = value
-    if not language.lower().startswith("es"):
-        md["Language"] = "es"
+    same = _same_language(language, lang, code)
+    if not same:
+        md["Language"] = header_language
     md.setdefault("MIME-Version", "1.0")
     md["Content-Type"] = "text/plain; charset=UTF-8"
     md.setdefault("Content-Transfer-Encoding", "8bit")
     plural = md.get("Plural-Forms", "")
-    if not re.search(r"nplurals\s*=\s*\d+\s*;\s*plural\s*=", plural) or (
-        language and not language.lower().startswith("es")
-    ):
-        md["Plural-Forms"] = SPANISH_PLURALS
+    valid = re.search(r"nplurals\s*=\s*\d+\s*;\s*plural\s*=", plural)
+    # Another language's rule (or a template's placeholder) would pick the wrong msgstr[i] for a count;
+    # an empty catalog Language with a rule is a template someone headed: it is the target's rule then.
+    if rule and (not valid or (language and not same) or (not language and target is not None)):
+        md["Plural-Forms"] = rule
+    elif not valid and not rule and any(e.msgid_plural for e in po):
+        raise CatalogError(
+            f"no plural forms are known for {code}: give the catalog's header a Plural-Forms for it"
+        )
     md["X-Generator"] = generator
     po.metadata_is_fuzzy = False
     po.encoding = "utf-8"

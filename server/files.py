@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any, TypeVar
 
+from runtime.languages import plural_forms
 from runtime.po_catalog import (
     CatalogError,
     CatalogLimits,
@@ -40,6 +41,7 @@ from runtime.po_catalog import (
     markers_of,
     nplurals,
     plan,
+    plural_header,
     read_catalog,
     require_msgfmt,
     update_header,
@@ -47,6 +49,7 @@ from runtime.po_catalog import (
 )
 from runtime.subprocess_run import Cancellation
 from server.contract import Hypothesis
+from server.languages import bcp47, name_of
 from server.translate import DEADLINE, INTERNAL, INVALID, OVERLOADED, UNAVAILABLE, Failure, OptionRequest
 
 GENERATOR = "translator HTTP API (/translate_file)"
@@ -253,13 +256,17 @@ async def translate_many(
     stats: dict,
     share: QueueShare | None = None,
     overload_wait_s: float = 30.0,
+    pair: tuple[str, str] = ("", ""),
 ) -> list[Hypothesis | None]:
     """The best hypothesis of every text (None for one the service refused alone, e.g. too long), in
     requests of at most `core.max_texts` texts (and of the queue `share`, which they hold while queued).
     A refused request is retried text by text; a full queue is waited out (its Retry-After) for up to
     `overload_wait_s` seconds; a deadline and the like end the whole file (Failure). The text layer
     leaves `_ & ~` alone here (accelerators=False): a catalog's accelerators are runtime.po_catalog's,
-    and a text file is prose."""
+    and a text file is prose. `pair`: the (source, target) the texts are routed by (TranslationCore.route;
+    empty: the default model)."""
+    # Only a named pair is passed on: a core that serves one model takes no languages.
+    languages = {"source_language": pair[0], "target_language": pair[1]} if any(pair) else {}
     results: list[Hypothesis | None] = [None] * len(texts)
     slots = asyncio.Semaphore(PARALLEL_REQUESTS)
     parts: list[dict] = []  # each request's counters, summed into the file's log line
@@ -270,7 +277,7 @@ async def translate_many(
             parts.append({})
             try:
                 return await core.translate(
-                    chunk, options, request_id=request_id, stats=parts[-1], accelerators=False
+                    chunk, options, request_id=request_id, stats=parts[-1], accelerators=False, **languages
                 )
             except Failure as f:
                 # A full queue is a moment, not a verdict on the file: wait as the server asks, bounded.
@@ -312,6 +319,10 @@ async def translate_many(
         for key in ("segments", "input_tokens", "output_tokens", "queue_ms", "decode_ms"):
             total = sum(p.get(key, 0) for p in parts)
             stats[key] = round(total, 2) if isinstance(total, float) else total
+        # Which model answered (set by the core when several are loaded): one per file, its pair's.
+        model = next((p["model"] for p in parts if "model" in p), None)
+        if model is not None:
+            stats["model"] = model
     return results
 
 
@@ -323,18 +334,31 @@ class _Catalog:
     n_forms: int
 
 
-def _prepare_catalog(data: bytes, name: str, limits: CatalogLimits, cancel: Cancellation) -> _Catalog:
-    """Read, plan and head a catalog (in a file worker): everything before the translations."""
+def _prepare_catalog(
+    data: bytes, name: str, limits: CatalogLimits, cancel: Cancellation, target: str = "es"
+) -> _Catalog:
+    """Read, plan and head a catalog for the `target` language (in a file worker): everything before
+    the translations."""
     po = read_catalog(data, name, limits, cancel)
     markers = markers_of(po, "auto")
     jobs, _skipped = plan(po, "untranslated", markers)
-    update_header(po, PurePath(name).stem or "messages", GENERATOR, revised=bool(jobs))
-    n_forms = nplurals(po)  # after update_header: the Plural-Forms that will be written
+    update_header(po, PurePath(name).stem or "messages", GENERATOR, revised=bool(jobs), target=target)
+    try:
+        expected = plural_header(plural_forms(target))
+    except KeyError:
+        expected = "no rule known"
+    # After update_header: the Plural-Forms that will be written, bounded (a catalog's own is kept).
+    n_forms = nplurals(po, expected, name_of(bcp47(target)))
     return _Catalog(po, jobs, markers, n_forms)
 
 
 def _finish_catalog(
-    cat: _Catalog, best: list[Hypothesis | None], name: str, limits: CatalogLimits, cancel: Cancellation
+    cat: _Catalog,
+    best: list[Hypothesis | None],
+    name: str,
+    limits: CatalogLimits,
+    cancel: Cancellation,
+    target: str = "es",
 ) -> FileResult:
     """Fill the entries with their translations and write what msgfmt -c accepts (in a file worker)."""
     i = 0
@@ -351,7 +375,7 @@ def _finish_catalog(
     by_entry = {id(j.entry): j for j in cat.jobs}
     checked = write_checked(cat.po, None, cat.markers[:1], by_entry, limits, cancel)
     left = [f"{j.entry.msgid!r}: {j.entry.tcomment.splitlines()[-1]}" for j in cat.jobs if not j.filled]
-    return FileResult(output_name(name, "es"), checked.text, sum(j.filled for j in cat.jobs), left)
+    return FileResult(output_name(name, bcp47(target)), checked.text, sum(j.filled for j in cat.jobs), left)
 
 
 def _split_text(data: bytes, name: str) -> tuple[list[str], list[int], list[str]]:
@@ -408,16 +432,25 @@ class FileTranslator:
             raise Failure(INVALID, str(e)) from None
 
     async def translate(
-        self, data: bytes, name: str, options: OptionRequest, request_id: str, stats: dict
+        self,
+        data: bytes,
+        name: str,
+        options: OptionRequest,
+        request_id: str,
+        stats: dict,
+        pair: tuple[str, str] = ("", ""),
     ) -> FileResult:
-        """A .po/.pot/.txt file's bytes -> its Spanish version; Failure(INVALID) for another kind or a
-        file over the limits, Failure(OVERLOADED) when too many files are in progress."""
+        """A .po/.pot/.txt file's bytes -> its version in `pair`'s target (routed as TranslationCore.route
+        does; empty: the default model's); Failure(INVALID) for another kind, an unserved pair or a file
+        over the limits, Failure(OVERLOADED) when too many files are in progress."""
         suffix = PurePath(name).suffix.lower()
         if suffix not in SUFFIXES:
             raise Failure(
                 INVALID, f"unsupported file format {suffix or name!r}: send one of {', '.join(SUFFIXES)}"
             )
-        self.core.require_backend()
+        # Resolved before any work: an unserved pair is a 400 naming the served ones, and the catalog's
+        # header is written for the target as the model serves it (pt -> pt_BR).
+        _, pair = self.core.route(*pair)
         if self.closed:
             raise Failure(UNAVAILABLE, "the server is shutting down")
         if len(self.active) >= self.limits.max_files:
@@ -430,8 +463,8 @@ class FileTranslator:
         self.active.add(cancel)
         try:
             if suffix in CATALOG_SUFFIXES:
-                return await self._catalog(cancel, data, name, options, request_id, stats)
-            return await self._text(cancel, data, name, options, request_id, stats)
+                return await self._catalog(cancel, data, name, options, request_id, stats, pair)
+            return await self._text(cancel, data, name, options, request_id, stats, pair)
         finally:
             self.active.discard(cancel)
 
@@ -443,18 +476,19 @@ class FileTranslator:
         options: OptionRequest,
         request_id: str,
         stats: dict,
+        pair: tuple[str, str],
     ) -> FileResult:
         try:
             require_msgfmt()
         except CatalogError as e:
             raise Failure(INTERNAL, str(e)) from None
         limits = self.limits.catalog
-        cat = await self._call(cancel, _prepare_catalog, data, name, limits, cancel)
+        cat = await self._call(cancel, _prepare_catalog, data, name, limits, cancel, pair[1])
         sources = [s for job in cat.jobs for s in job.sources]
         best = await translate_many(
-            self.core, sources, options, request_id, stats, self.share, self.limits.overload_wait_s
+            self.core, sources, options, request_id, stats, self.share, self.limits.overload_wait_s, pair
         )
-        return await self._call(cancel, _finish_catalog, cat, best, name, limits, cancel)
+        return await self._call(cancel, _finish_catalog, cat, best, name, limits, cancel, pair[1])
 
     async def _text(
         self,
@@ -464,12 +498,13 @@ class FileTranslator:
         options: OptionRequest,
         request_id: str,
         stats: dict,
+        pair: tuple[str, str],
     ) -> FileResult:
         """Translate a plain text file line by line (blank lines and line ends kept; a line the service
         refuses stays as it was)."""
         lines, todo, bodies = await self._call(cancel, _split_text, data, name)
         best = await translate_many(
-            self.core, bodies, options, request_id, stats, self.share, self.limits.overload_wait_s
+            self.core, bodies, options, request_id, stats, self.share, self.limits.overload_wait_s, pair
         )
         left = []
         for i, body, hyp in zip(todo, bodies, best, strict=True):
@@ -484,4 +519,4 @@ class FileTranslator:
                 f"the translated file would be over {self.limits.output_bytes} bytes: "
                 "split it into smaller files",
             )
-        return FileResult(output_name(name, "es"), text, len(todo) - len(left), left)
+        return FileResult(output_name(name, bcp47(pair[1])), text, len(todo) - len(left), left)

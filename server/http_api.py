@@ -576,20 +576,16 @@ class HttpApi:
         upload = params.get("file")
         if not isinstance(upload, web.FileField):
             raise HttpError(400, "Invalid request: missing file parameter (a multipart file upload)")
+        # Routed like /translate (an unserved pair is a 400 naming the served ones): the file is
+        # translated by that pair's model and a catalog gets the target's Language and Plural-Forms.
         _, pair = self._check_languages(params)
-        default = self.core.require_backend().served[0]
-        if pair != default:
-            # server/files.py translates with the default model (it names no pair yet).
-            raise HttpError(
-                400, f"file translation serves {default[0]} -> {default[1]} only, not {pair[0]} -> {pair[1]}"
-            )
         name = safe_name(upload.filename)
         if not name:
             raise HttpError(400, f"Invalid request: the file's name {upload.filename!r} has no usable name")
         try:
             self.files.require_room()  # a full store refuses before the work, not after it
             data = upload.file.read()
-            result = await self.file_work.translate(data, name, OptionRequest(), request_id, stats)
+            result = await self.file_work.translate(data, name, OptionRequest(), request_id, stats, pair)
             stats.update(filled=result.filled, left_out=len(result.left_out))
             file_id = self.files.put(result.name, result.text.encode())
         except StoreFull as e:

@@ -7,6 +7,7 @@ WEB_PAGE_SCREENSHOT=docs/web-page.png writes the README's screenshot from the ty
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -18,7 +19,9 @@ from client.load import free_port
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
+
+from tests.test_routing import MODELS, make_store, models_of  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -53,6 +56,7 @@ def browser():
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
         options.add_argument(arg)
     options.add_argument("--window-size=1200,820")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the page's JavaScript errors
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     yield driver
     driver.quit()
@@ -101,3 +105,58 @@ def test_po_upload_returns_the_filled_catalog(browser, page_server, tmp_path):
     link = browser.find_element(By.ID, "po-download")
     assert link.get_attribute("download") == "app.po" and link.get_attribute("href").startswith("blob:")
     assert "2 filled" in browser.find_element(By.ID, "po-status").text
+
+
+# ---- several models: the target selector (issue 31) ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def store_server(start_server, tiny_bundle, tmp_path_factory):
+    """tests/test_routing.py's store: en -> de, en -> es, en -> pt-BR (tiny random models)."""
+    store = make_store(tiny_bundle, tmp_path_factory.mktemp("store"), MODELS)
+    return start_server(store, threads=1, http_port=free_port(), warmup=False)
+
+
+def page_errors(browser) -> list[str]:
+    # The favicon's 404 is the browser asking for an icon the server has none of, not the page failing.
+    return [
+        e["message"]
+        for e in browser.get_log("browser")
+        if e["level"] == "SEVERE" and "favicon" not in e["message"]
+    ]
+
+
+def selector(browser) -> list[str]:
+    return [o.get_attribute("value") for o in browser.find_elements(By.CSS_SELECTOR, "#target option")]
+
+
+def test_the_target_selector_routes_live_and_file_translation(browser, store_server, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="server.requests")
+    open_page(browser, store_server)
+    wait = WebDriverWait(browser, 30)
+    wait.until(lambda d: selector(d) == ["de", "es", "pt-BR"])
+    target = browser.find_element(By.ID, "target")
+    assert target.get_attribute("value") == "es" and target.is_enabled()  # Spanish is the default
+    Select(target).select_by_value("de")
+    assert browser.find_element(By.ID, "target-name").text == "German"
+    browser.find_element(By.ID, "source").send_keys("Open the file")
+    wait.until(lambda d: d.find_element(By.ID, "status").text.endswith(" ms"))
+    pot = tmp_path / "app.pot"
+    pot.write_text(POT)
+    browser.find_element(By.ID, "po-file").send_keys(str(pot))
+    browser.find_element(By.ID, "po-submit").click()
+    wait.until(lambda d: d.find_element(By.ID, "po-result").get_attribute("value"))
+    assert '"Language: de\\n"' in browser.find_element(By.ID, "po-result").get_attribute("value")
+    assert set(models_of(caplog)) == {"tiny-en-de"} and models_of(caplog, "TranslateFile") == ["tiny-en-de"]
+    assert page_errors(browser) == [], page_errors(browser)
+
+
+def test_one_pair_leaves_one_disabled_choice(browser, start_server, tiny_bundle):
+    server = start_server(tiny_bundle, threads=1, http_port=free_port(), warmup=False)
+    open_page(browser, server)
+    wait = WebDriverWait(browser, 30)
+    wait.until(lambda d: not d.find_element(By.ID, "target").is_enabled())
+    assert selector(browser) == ["es"]
+    browser.find_element(By.ID, "source").send_keys("Open the file")
+    wait.until(lambda d: d.find_element(By.ID, "status").text.endswith(" ms"))
+    assert page_errors(browser) == [], page_errors(browser)
