@@ -8,10 +8,12 @@ from dataclasses import replace
 
 import pytest
 
+from client.load import free_port
+from runtime.decoding import DecodingOptions
 from server.config import load_config
-from server.contract import SegmentNote
+from server.contract import Hypothesis, Prepared, SegmentNote
 from server.http_limits import HttpLimits, parse_origins
-from tests import test_http_fake
+from tests import test_http_fake, test_memory
 from tests.fake_engine import FakeEngine
 from tests.http_helpers import call
 
@@ -151,3 +153,40 @@ def test_suggest_is_refused_as_upstream_does_with_suggestions_off(http):
 def test_frontend_settings_name_the_timeout_and_no_suggestions(http):
     settings = call(http(), "frontend/settings")[2]
     assert (settings["frontendTimeout"], settings["suggestions"]) == (250, False)
+
+
+# ---- alternatives for texts from the translation memory ------------------------------------------------
+
+# The fixture of tests/test_memory.py: a text layer with a small memory.
+layer = test_memory.layer
+NBEST = DecodingOptions(beam_size=3, num_hypotheses=3)
+
+
+def test_a_memory_text_gets_the_models_alternatives_when_n_best_is_asked(layer):
+    first = layer.prepare(["Modem", "Copy %s to %s", "Copy the file"], NBEST)
+    assert first.segments == ["Modem", "Copy %s to %s", "Copy the file"]  # the memory's texts too
+    out = layer.finish(
+        first,
+        [
+            [Hypothesis("Módem", -0.1, [1]), Hypothesis("Modelo", -0.4, [2]), Hypothesis("Modem", -0.9, [3])],
+            # an alternative that loses a placeholder is no alternative
+            [Hypothesis("Copiar %s a %s", -0.2, [4]), Hypothesis("Copiar %s", -0.3, [5])],
+            [Hypothesis("Copiar el archivo", -0.5, [7])],
+        ],
+    )
+    assert not isinstance(out, Prepared)
+    # The memory's translation stays first, with its note; the model's (without it) follow.
+    assert [h.text for h in out[0]] == ["Módem", "Modelo", "Modem"]
+    assert [n.action for n in out[0][0].notes] == ["memory"]
+    assert [h.text for h in out[1]] == ["Copiar %s en %s", "Copiar %s a %s"]
+    # One-best: the memory's text never reaches the model.
+    assert layer.prepare(["Modem", "Copy the file"], replace(NBEST, num_hypotheses=1)).segments == [
+        "Copy the file"
+    ]
+
+
+def test_http_alternatives_for_a_text_from_the_memory(start_server, shipped_bundle):
+    server = start_server(shipped_bundle, http_port=free_port())
+    body = call(server, "translate", {"q": "Save", **Q, "alternatives": 2})[2]
+    assert body["translatedText"] == "Guardar" and body["notes"][0]["action"] == "memory"
+    assert body["alternatives"] and "Guardar" not in body["alternatives"]
