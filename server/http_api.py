@@ -5,8 +5,8 @@ aiohttp serves it on the gRPC server's asyncio event loop (grpc.aio), so both tr
 POST /translate, GET /languages, POST /translate_file + GET /download_file/{id}/{name},
 GET /frontend/settings, POST /suggest (always 403, as LibreTranslate's with suggestions off),
 GET /health, and the page at /; CORS when --http-cors-origins is set. Bodies are JSON or forms
-(urlencoded or multipart), as LibreTranslate takes them; errors are `{"error": message}` with 400 (bad input),
-403 (bad api_key), 429 (overloaded, with Retry-After), 500, 503 (not ready), 504 (deadline).
+(urlencoded or multipart), as LibreTranslate takes them; errors are `{"error": message}` with 400
+(bad input), 403 (bad api_key), 429 (overloaded, with Retry-After), 500, 503 (not ready), 504 (deadline).
 Handlers never touch ONNX. Documentation: docs/service.md, "HTTP API (LibreTranslate-compatible)".
 """
 
@@ -351,15 +351,16 @@ class HttpApi:
 
     async def _cors_headers(self, request: web.Request, response: web.StreamResponse) -> None:
         """Access-Control-Allow-Origin on every answer to an allowed Origin (errors included: a browser
-        client must be able to read a 429 or 403 too). An echoed origin varies with the request's, so
-        caches must key on it."""
+        client must be able to read a 429 or 403 too). With a list of origins every answer depends on
+        the request's Origin, allowed or not, so every answer says so to caches (Vary: Origin): a cached
+        answer without the header must not be served to an allowed origin, nor one with it to another."""
+        if self.limits.cors_origins and self.limits.cors_origins != ("*",):
+            response.headers.add("Vary", "Origin")
         allowed = self.limits.cors_origin(request.headers.get("Origin"))
         if allowed is None:
             return
         response.headers["Access-Control-Allow-Origin"] = allowed
         response.headers["Access-Control-Expose-Headers"] = "Retry-After"  # 429's and 503's wait
-        if allowed != "*":
-            response.headers.add("Vary", "Origin")
 
     def _count_malformed(self, message: str) -> None:
         """A request aiohttp's parser refused (server/http_limits.py): counted as the 400 it got."""

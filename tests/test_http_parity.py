@@ -71,6 +71,7 @@ def test_cors_origin_list_echoes_allowed_origins_only(http):
     for origin in ("https://evil.example", "https://app.example.org.evil.example", "null"):
         status, headers, _ = call(server, "translate", {"q": "a b", **Q}, headers={"Origin": origin})
         assert status == 200 and "Access-Control-Allow-Origin" not in headers
+        assert "Origin" in headers["Vary"]  # caches keep answers to other origins apart
         status, headers, body = call(
             server, "translate", headers={**PREFLIGHT, "Origin": origin}, method="OPTIONS"
         )
