@@ -525,7 +525,7 @@ def test_sigterm_drains_in_flight_and_exits_0(server_process, tiny_bundle):
             "TRANSLATOR_DRAIN_DELAY_S": "1",
             "TRANSLATOR_LOG_LEVEL": "INFO",
             "TRANSLATOR_THREADS": "1",
-            "TRANSLATOR_MAX_RUNNING_ROWS": "16",  # 2 beam-8 segments at a time: seconds of decoding
+            "TRANSLATOR_MAX_RUNNING_ROWS": "8",  # 1 beam-8 segment at a time: seconds of decoding, even idle
         }
     )
     wait_serving(proc.target, timeout=60)
@@ -534,7 +534,7 @@ def test_sigterm_drains_in_flight_and_exits_0(server_process, tiny_bundle):
     def long_request() -> None:
         with TranslatorClient(proc.target, timeout=60, retries=0) as c:
             try:
-                result["out"] = c.translate(LONG_TEXTS[:16], **LONG)  # 5 s or more
+                result["out"] = c.translate(LONG_TEXTS, **LONG)  # seconds, one segment at a time
             except TranslatorError as e:
                 result["error"] = e
 
@@ -563,12 +563,12 @@ def test_sigterm_drains_in_flight_and_exits_0(server_process, tiny_bundle):
     assert proc.proc.wait(60) == 0
     assert during_delay
     assert "error" not in result, result.get("error")
-    assert len(result["out"]) == 16
+    assert len(result["out"]) == len(LONG_TEXTS)
     logs = proc.log_lines()
     requests = [r for r in logs if r.get("msg") == "request" and r.get("rpc") == "Translate"]
     assert len(requests) == 1 and requests[0]["status"] == "OK"
     line = requests[0]
-    assert line["segments"] == 16 and line["input_tokens"] > 0 and line["output_tokens"] > 0
+    assert line["segments"] == len(LONG_TEXTS) and line["input_tokens"] > 0 and line["output_tokens"] > 0
     assert {"id", "queue_ms", "decode_ms"} <= set(line)
     msgs = [r.get("msg") for r in logs]
     assert msgs.index("received SIGTERM: draining") < msgs.index("shutting down") < msgs.index("stopped")
