@@ -7,6 +7,7 @@ goes under exc. docs/service.md ("Logs") describes the format.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import sys
@@ -42,6 +43,10 @@ def setup_logging(level: str = "INFO") -> None:
     root.setLevel(level)
 
 
+# accept() errors that mean "out of a resource for now" (descriptors, buffers, memory).
+_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
 class LoopErrorLimiter:
     """An asyncio exception handler that logs each kind of error at most once per `every_s` seconds, with
     how many of that kind were left out since the last line.
@@ -75,4 +80,9 @@ class LoopErrorLimiter:
         if exc is not None:
             fields["error"] = f"{type(exc).__name__}: {exc}"
         exc_info = None if exc is None or isinstance(exc, OSError) else (type(exc), exc, exc.__traceback__)
-        self.log.error(message, exc_info=exc_info, extra={"fields": fields})
+        # Out of descriptors or buffers at accept(): asyncio retries the accept itself a moment later and
+        # the HTTP connection cap refuses the excess, so the process goes on serving: a warning (raise
+        # `ulimit -n`), not an error.
+        exhausted = isinstance(exc, OSError) and exc.errno in _EXHAUSTED and "accept" in message
+        level = logging.WARNING if exhausted else logging.ERROR
+        self.log.log(level, message, exc_info=exc_info, extra={"fields": fields})
