@@ -16,6 +16,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
+from google.protobuf import duration_pb2
+from google.protobuf.message import Message
+from google.rpc import error_details_pb2, status_pb2
 
 from proto.gen.translator.v1 import translator_pb2 as pb
 from proto.gen.translator.v1 import translator_pb2_grpc as pb_grpc
@@ -31,21 +34,45 @@ log = logging.getLogger("server.requests")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Translator"].full_name  # "translator.v1.Translator"
 RETRY_AFTER_KEY = "retry-after-ms"
+STATUS_DETAILS_KEY = "grpc-status-details-bin"  # google.rpc.Status, grpcio-status's key
 REQUEST_ID_KEY = "x-request-id"
 
 
 class RpcFailure(Exception):
-    """An error answer: gRPC status code, message and trailing metadata."""
+    """An error answer: gRPC status code, message and trailing metadata.
 
-    def __init__(self, code: grpc.StatusCode, message: str, trailers: Sequence[tuple[str, str]] = ()) -> None:
+    `details` (google.rpc messages: RetryInfo, BadRequest) travel as Google's API design guide has it, in
+    a google.rpc.Status in the `grpc-status-details-bin` trailer (grpc_status.rpc_status.from_call reads
+    them), beside the plain `retry-after-ms` trailer older clients read."""
+
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        message: str,
+        trailers: Sequence[tuple[str, str]] = (),
+        details: Sequence[Message] = (),
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.trailers = tuple(trailers)
+        self.details = tuple(details)
+
+    def metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        """The trailing metadata of the answer: the plain trailers, then the google.rpc.Status."""
+        if not self.details:
+            return self.trailers
+        status = status_pb2.Status(code=self.code.value[0], message=self.message)
+        for detail in self.details:
+            status.details.add().Pack(detail)
+        return (*self.trailers, (STATUS_DETAILS_KEY, status.SerializeToString()))
 
 
-def invalid(message: str) -> RpcFailure:
-    return RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, message)
+def invalid(message: str, field: str = "") -> RpcFailure:
+    """INVALID_ARGUMENT; with the field at fault as a google.rpc.BadRequest field violation."""
+    violations = [error_details_pb2.BadRequest.FieldViolation(field=field, description=message)]
+    details = [error_details_pb2.BadRequest(field_violations=violations)] if field else []
+    return RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, message, details=details)
 
 
 @dataclass(frozen=True)
@@ -113,9 +140,20 @@ CODES = {
 }
 
 
+def retry_later(code: grpc.StatusCode, message: str, retry_after_ms: int) -> RpcFailure:
+    """RESOURCE_EXHAUSTED or UNAVAILABLE with the wait both ways: `retry-after-ms` and RetryInfo."""
+    delay = duration_pb2.Duration()
+    delay.FromMilliseconds(retry_after_ms)
+    retry = error_details_pb2.RetryInfo(retry_delay=delay)
+    return RpcFailure(code, message, [(RETRY_AFTER_KEY, str(retry_after_ms))], [retry])
+
+
 def rpc_failure(f: Failure) -> RpcFailure:
-    trailers = [(RETRY_AFTER_KEY, str(f.retry_after_ms))] if f.kind == core.OVERLOADED else []
-    return RpcFailure(CODES[f.kind], f.message, trailers)
+    if f.kind == core.OVERLOADED:
+        return retry_later(CODES[f.kind], f.message, f.retry_after_ms)
+    if f.kind == core.INVALID:
+        return invalid(f.message, f.field)
+    return RpcFailure(CODES[f.kind], f.message)
 
 
 # ---- proto <-> shared path -----------------------------------------------------------------------
@@ -309,7 +347,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         if isinstance(request, Undecodable):
             f = request.failure()
             self._record("Translate", request_id, f.code, start, {}, f.message)
-            await context.abort(f.code, f.message)
+            await context.abort(f.code, f.message, trailing_metadata=f.metadata())
         stats: dict = {"segments": len(request.texts)}
         self.metrics.in_flight.inc()
         try:
@@ -326,7 +364,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         except RpcFailure as f:
             self.metrics.in_flight.dec()
             self._record("Translate", request_id, f.code, start, stats, f.message)
-            await context.abort(f.code, f.message, trailing_metadata=f.trailers)
+            await context.abort(f.code, f.message, trailing_metadata=f.metadata())
         except asyncio.CancelledError:
             self.metrics.in_flight.dec()
             self._record("Translate", request_id, _cancel_code(context), start, stats, self._ended())
@@ -351,13 +389,13 @@ class TranslatorService(pb_grpc.TranslatorServicer):
         stats: dict = {"segments": len(req.texts), "call": call_id}
         item_id = req.request_id or "-"
         if self.draining:  # a stream opened before the shutdown takes no new work
-            failure: RpcFailure | None = RpcFailure(
+            failure: RpcFailure | None = retry_later(
                 grpc.StatusCode.UNAVAILABLE,
                 "the server is shutting down; send this item to another server",
-                [(RETRY_AFTER_KEY, "1000")],
+                1000,
             )
         elif req.timeout_ms < 0:
-            failure = invalid(f"timeout_ms must be >= 0, got {req.timeout_ms}")
+            failure = invalid(f"timeout_ms must be >= 0, got {req.timeout_ms}", "timeout_ms")
         else:
             failure = None
         self.metrics.in_flight.inc()
@@ -505,7 +543,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
                 raise rpc_failure(f) from None
         except RpcFailure as f:
             self._record("GetModelInfo", request_id, f.code, start, {}, f.message)
-            await context.abort(f.code, f.message)
+            await context.abort(f.code, f.message, trailing_metadata=f.metadata())
         response = self._model_info(backend)
         self._record("GetModelInfo", request_id, grpc.StatusCode.OK, start, {})
         return response
@@ -519,7 +557,7 @@ class TranslatorService(pb_grpc.TranslatorServicer):
             default = self._backend()
         except RpcFailure as f:
             self._record("ListModels", request_id, f.code, start, {}, f.message)
-            await context.abort(f.code, f.message)
+            await context.abort(f.code, f.message, trailing_metadata=f.metadata())
         others = [b for b in self.core.backends if b is not default]
         response = pb.ListModelsResponse(models=[self._model_info(b) for b in (default, *others)])
         self._record("ListModels", request_id, grpc.StatusCode.OK, start, {})

@@ -11,6 +11,7 @@ status codes (gRPC status, HTTP status). Nothing here touches ONNX or a wire for
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,13 +42,27 @@ UNAVAILABLE = "unavailable"  # UNAVAILABLE / 503
 
 class Failure(Exception):
     """A request the core could not answer: `kind` (one of the constants above) and a message for the
-    caller; `retry_after_ms` for OVERLOADED."""
+    caller; `retry_after_ms` for OVERLOADED; for INVALID, `field`: the request field at fault, as a path
+    into the gRPC request ("options.beam_size", "texts[1]", "target_language"; empty when none is)."""
 
-    def __init__(self, kind: str, message: str, retry_after_ms: int = 0) -> None:
+    def __init__(self, kind: str, message: str, retry_after_ms: int = 0, field: str = "") -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.retry_after_ms = retry_after_ms
+        self.field = field
+
+
+# The validators' messages start with the path of the field they refuse ("options.beam_size=9 is
+# above ...", "texts[1] has 65 source tokens", "glossary[0].source is blank"): that is Failure.field.
+_FIELD_PATH = re.compile(r"(?:options|texts|glossary)(?:\[\d+\])?(?:\.[a-z_]+)?")
+
+
+def invalid_field(e: Exception, default: str) -> Failure:
+    """Failure(INVALID) for a validator's error, its field read from the message's leading path."""
+    message = str(e)
+    path = _FIELD_PATH.match(message)
+    return Failure(INVALID, message, field=path.group(0) if path else default)
 
 
 @dataclass
@@ -95,7 +110,7 @@ def resolve(engine: TranslationEngine, request: OptionRequest) -> DecodingOption
             no_repeat_ngram_size=request.no_repeat_ngram_size,
         )
     except InvalidOptionsError as e:
-        raise Failure(INVALID, str(e)) from e
+        raise invalid_field(e, "options") from e
 
 
 class TranslationCore:
@@ -160,24 +175,29 @@ class TranslationCore:
         served = f"the model{'s translate' if len(self.backends) > 1 else ' translates'} {show_pairs(pairs)}"
         src = resolve_code(source or DEFAULT_PAIR[0], [s for s, _ in pairs])
         if src is None:
-            raise Failure(INVALID, f"{source} is not supported as source: {served}")
+            raise Failure(INVALID, f"{source} is not supported as source: {served}", field="source_language")
         targets = [t for s, t in pairs if s == src]
         if not target and len(set(targets)) == 1:
             target = targets[0]
         tgt = resolve_code(target or DEFAULT_PAIR[1], targets)
         if tgt is None:
-            raise Failure(INVALID, f"{target or DEFAULT_PAIR[1]} is not supported as target: {served}")
+            raise Failure(
+                INVALID,
+                f"{target or DEFAULT_PAIR[1]} is not supported as target: {served}",
+                field="target_language",
+            )
         return next(b for b in self.backends if (src, tgt) in b.served), (src, tgt)
 
     def validate_texts(self, texts: Sequence[str]) -> None:
         """Check the text count (lengths are the text layer's: Engine.prepare)."""
         if not texts:
-            raise Failure(INVALID, "texts is empty: send at least one text to translate")
+            raise Failure(INVALID, "texts is empty: send at least one text to translate", field="texts")
         if len(texts) > self.max_texts:
             raise Failure(
                 INVALID,
                 f"too many texts: {len(texts)} in one request, the limit is {self.max_texts}; "
                 "split them over several requests",
+                field="texts",
             )
 
     async def translate(
@@ -228,11 +248,11 @@ class TranslationCore:
         try:
             terms = make_glossary(list(glossary))
         except InvalidGlossaryError as e:
-            raise Failure(INVALID, str(e)) from e
+            raise invalid_field(e, "glossary") from e
         try:
             prepared = engine.prepare(list(texts), engine_options, terms, accelerators=accelerators)
         except ValueError as e:  # InputTooLongError: a text over max_text_chars
-            raise Failure(INVALID, str(e)) from None
+            raise invalid_field(e, "texts") from None
         stats["texts"] = len(texts)
         stats["segments"] = stats["input_tokens"] = stats["output_tokens"] = 0
         stats["queue_ms"] = stats["decode_ms"] = 0.0
@@ -271,7 +291,7 @@ class TranslationCore:
         except RequestCancelled as e:
             raise Failure(DEADLINE if e.reason == "deadline" else CANCELLED, str(e)) from None
         except InvalidInput as e:
-            raise Failure(INVALID, str(e)) from None
+            raise invalid_field(e, "texts") from None
         except EngineFailure as e:
             raise Failure(INTERNAL, str(e)) from None
         except SchedulerStopped as e:

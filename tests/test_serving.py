@@ -18,7 +18,9 @@ from collections.abc import Callable
 
 import grpc
 import pytest
+from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_status import rpc_status
 
 from client import StreamItem, TranslatorClient, TranslatorError
 from client.load import free_port
@@ -450,6 +452,43 @@ def test_an_unexpected_error_in_a_handler_is_internal(start_fake_server, client_
     assert [line["status"] for line in request_lines(caplog)] == ["INTERNAL", "INTERNAL"]
 
 
+def status_details(error: grpc.RpcError, kind: type) -> list:
+    """The google.rpc details of type `kind` in an error's status (grpc-status-details-bin trailer)."""
+    status = rpc_status.from_call(error)
+    assert status is not None, "no google.rpc.Status in the trailers"
+    assert status.code == error.code().value[0] and status.message == error.details()
+    found = []
+    for detail in status.details:
+        if detail.Is(kind.DESCRIPTOR):
+            found.append(kind())
+            detail.Unpack(found[-1])
+    return found
+
+
+def test_invalid_argument_names_the_field_as_a_bad_request(start_fake_server, channel_to):
+    server = start_fake_server()
+    stub = pb_grpc.TranslatorStub(channel_to(server))
+    cases = {
+        "options.beam_size": pb.TranslateRequest(texts=["a"], options=pb.DecodingOptions(beam_size=99)),
+        "options.length_penalty": pb.TranslateRequest(
+            texts=["a"], options=pb.DecodingOptions(length_penalty=-1)
+        ),
+        "texts": pb.TranslateRequest(texts=[]),
+        "texts[1]": pb.TranslateRequest(texts=["ok", "w " * 65]),
+        "target_language": pb.TranslateRequest(texts=["a"], target_language="xx"),
+        "glossary[0].source": pb.TranslateRequest(texts=["a"], glossary=[pb.GlossaryEntry(target="b")]),
+    }
+    for field, request in cases.items():
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Translate(request, timeout=10)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, field
+        (bad,) = status_details(e.value, error_details_pb2.BadRequest)
+        assert [(v.field, v.description) for v in bad.field_violations] == [(field, e.value.details())]
+    with pytest.raises(grpc.RpcError) as e:  # bytes that are no request at all: no field to name
+        channel_to(server).unary_unary("/translator.v1.Translator/Translate")(b"\xff\xff", timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and rpc_status.from_call(e.value) is None
+
+
 def test_text_over_the_limit_from_the_text_layer_is_invalid_argument(start_fake_server, client_for):
     # FakeEngine.prepare refuses a text over its 64 tokens, as Engine.prepare does one over 20,000 chars.
     server = start_fake_server()
@@ -477,6 +516,8 @@ def test_queue_full_is_resource_exhausted_with_a_retry_hint(start_fake_server, c
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     hint = int(dict(e.value.trailing_metadata())["retry-after-ms"])
     assert hint == 150  # nothing measured yet: 50 ms a queued segment, at least 100 ms (test_retry_hints.py)
+    (retry,) = status_details(e.value, error_details_pb2.RetryInfo)  # the same wait, the standard way
+    assert retry.retry_delay.ToMilliseconds() == hint
     assert e.value.details() == f"server busy: 3 segments queued (capacity 4); retry in about {hint} ms"
     c = client_for(server, retries=0)
     (item,) = c.translate_stream([StreamItem("full", ["e", "f"])])
