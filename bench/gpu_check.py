@@ -73,6 +73,8 @@ NEEDED = {
     "grpc": "grpcio",
     "grpc_health": "grpcio-health-checking",
     "grpc_reflection": "grpcio-reflection",
+    "grpc_status": "grpcio-status",
+    "google.rpc": "googleapis-common-protos",
     "google.protobuf": "protobuf",
     "prometheus_client": "prometheus-client",
     "aiohttp": "aiohttp",

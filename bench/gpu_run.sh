@@ -19,7 +19,7 @@ log_to() {  # log_to FILE: stdout, and FILE unless GPU_RUN_LOGS=0
 # The GPU image's Python is 3.12 with torch, onnx, onnxruntime, numpy, sentencepiece, safetensors,
 # sacrebleu, aiohttp, prometheus-client (KINDS.md); what it lacks is carried, unpacked, stripped.
 PACKAGES="ctranslate2==4.8.5 grpcio==1.85.3 grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1
-protobuf==7.36.2 sentencex==1.0.32 polib==1.2.0"
+grpcio-status==1.85.1 googleapis-common-protos==1.76.0 protobuf==7.36.2 sentencex==1.0.32 polib==1.2.0"
 SITE_TAR=${GPU_RUN_SITE:-.whl/site-cp312.tar.xz}  # GPU_RUN_SITE=none: the current environment only
 
 wheels() {
