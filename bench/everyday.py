@@ -33,7 +33,16 @@ from bench.evaluate import translate_onnx, write_report
 from runtime.bundle import load_manifest, sha256_file
 from runtime.faithful.lexicon import LEXICON_FILE, non_word_rate, read_lexicon
 
-DEFAULT_SET = Path(__file__).resolve().parent / "data" / "everyday.jsonl"
+DEFAULT_SET = Path(__file__).resolve().parent / "data" / "everyday.jsonl"  # Spanish references
+
+
+def set_for(code: str) -> Path | None:
+    """The everyday set with references in language `code`: everyday.jsonl for Spanish, the first one
+    written, everyday-<code>.jsonl for the others; None while a language has none."""
+    path = DEFAULT_SET if code == "es" else DEFAULT_SET.with_name(f"everyday-{code}.jsonl")
+    return path if path.exists() else None
+
+
 CATEGORIES = ("greeting", "politeness", "app", "sentence", "multi")
 RULE = (
     "accepted = the output equals one of the item's accepted translations after normalisation (NFC, "

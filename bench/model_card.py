@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from bench import evaluate, everyday, unseen_words
+from model.languages import Language, manifest_language
 from runtime.faithful.terms import read_term_list
 
 REPORTS = {
@@ -31,9 +32,18 @@ REPORTS = {
 }
 
 
+def target_language(data: Path) -> Language:
+    """The model's target language: its corpus manifest's (model/languages.py has what differs)."""
+    return manifest_language(json.loads((data / "manifest.json").read_text()))
+
+
 def run_evaluations(args: argparse.Namespace) -> None:
     common = ["--data", str(args.data), "--split", "test", "--n", str(args.n), "--beam", str(args.beam)]
-    apertium = [] if args.no_apertium else ["--apertium"]
+    lang = target_language(args.data)
+    # Apertium is the peer where Debian has an English pair for the language (Spanish only, here).
+    apertium = (
+        [] if args.no_apertium or not lang.apertium else ["--apertium", "--apertium-pair", lang.apertium]
+    )
     evaluate.main(
         ["--model", str(args.model), *common, *apertium, "--json", str(args.model / REPORTS["torch"])]
     )
@@ -47,10 +57,12 @@ def run_evaluations(args: argparse.Namespace) -> None:
         ["--bundle", str(args.bundle), "--variant", "fp32", "--text-layer", *common, "--common", str(args.common),
          "--json", str(args.model / REPORTS["service"])]
     )  # fmt: skip
-    everyday.main(
-        ["--bundle", str(args.bundle), "--variant", "fp32", "--data", str(args.data),
-         "--json", str(args.model / REPORTS["everyday"])]
-    )  # fmt: skip
+    everyday_set = everyday.set_for(lang.code)
+    if everyday_set is not None:
+        everyday.main(
+            ["--bundle", str(args.bundle), "--variant", "fp32", "--data", str(args.data),
+             "--set", str(everyday_set), "--json", str(args.model / REPORTS["everyday"])]
+        )  # fmt: skip
 
 
 def _shipped_weights(best: dict) -> str:
@@ -101,7 +113,7 @@ def _non_words(reports: dict) -> list[str]:
     )
     out = [
         "",
-        "Non-words (outputs holding a word in no dictionary of the bundle's lexicon, Debian's hunspell-es expanded, "
+        "Non-words (outputs holding a word in no dictionary of the bundle's lexicon, Debian's hunspell dictionaries expanded, "
         "and not copied from the source), test sample: "
         + ", ".join(parts)
         + f"; human references {_rate(test['reference_non_words'])}.",
@@ -245,11 +257,13 @@ def render(args: argparse.Namespace) -> str:
     best, history = training["best"], training["history"]
     counts, novel = manifest["counts"], manifest.get("novel", {})
     sample = main["sample"]
+    lang = manifest_language(manifest)
     out = [
-        f"# {args.model.name} — English→Spanish Transformer ({training['parameters'] / 1e6:.1f}M parameters)",
+        f"# {args.model.name} — English→{lang.name} Transformer ({training['parameters'] / 1e6:.1f}M parameters)",
         "",
-        "The default model of the translation service, for software localisation: UI strings, messages and help",
-        "text of free software, trained only on human translations shipped in Debian packages.",
+        f"A model of the translation service (English to {lang.name}, `{lang.code}`), for software localisation: "
+        "UI strings, messages and help text of free software, trained only on human translations shipped in "
+        "Debian packages.",
         "Every number below comes from one command, `make model-card` (`python -m bench.model_card`), "
         "which evaluates the model and renders this file.",
         "",
@@ -305,11 +319,16 @@ def render(args: argparse.Namespace) -> str:
         out += ["", f"Common UI strings missed ({len(misses)}): {shown}."]
     if "everyday" in reports:
         out += _first_five_minutes(reports["everyday"])
+    elif everyday.set_for(lang.code) is None:
+        out += [
+            "",
+            f"First five minutes: no everyday set in {lang.name} yet (`bench/data/everyday-{lang.code}.jsonl`).",
+        ]
     out += [
         "",
         "## Data",
         "",
-        f"`python -m model.corpus --out data/`: {manifest['sources']}, from the top {manifest['top_packages']} "
+        f"`python -m model.corpus --lang {lang.code} --out {args.data}`: {manifest['sources']}, from the top {manifest['top_packages']} "
         "packages of `shared/data/debian-l10n-packages.tsv`; the packages ranked past that stay out of training "
         "(unseen material for tests and evaluations).",
         f"{manifest['pairs_after_cleaning']:,} pairs after cleaning, {manifest['pairs_after_dedupe']:,} after "
@@ -332,8 +351,14 @@ def render(args: argparse.Namespace) -> str:
         f"{best['train_seconds'] / 3600:.2f} h of training in all, {training['train_pairs']:,} training pairs.",
         "Validation: loss on 4,000 valid pairs; greedy BLEU/chrF on 400 *novel* valid pairs (the checkpoint "
         "criterion) and on 400 of all valid pairs; the common UI strings' accepted share.",
-        "Steps before the first row of this run (`run: init`) were trained on the old split (train without "
-        "held-out sources); their BLEU is on the old valid sample, not comparable.",
+        *(
+            [
+                "Steps before the first row of this run (`run: init`) were trained on the old split (train without "
+                "held-out sources); their BLEU is on the old valid sample, not comparable."
+            ]
+            if any(row.get("run") == "init" for row in history)
+            else []
+        ),  # fmt: skip
         _convergence(history, training["train_config"]),
         "",
         *_curve(history),

@@ -59,6 +59,7 @@ class Language:
     debian: str  # how Debian's language-pack names spell it: libreoffice-l10n-pt-br
     help_code: str  # how LibreOffice's help paths spell it: /help/pt-BR/text/...
     dictionaries: tuple[Dictionary, ...] = ()
+    apertium: str = ""  # Debian's Apertium mode for English to it (the evaluation's peer); "" = none
 
     @property
     def help_package(self) -> str:
@@ -101,6 +102,7 @@ LANGUAGES: dict[str, Language] = {
             "es",
             "es",
             (Dictionary("apertium", "apertium-eng-spa", "eng-spa.autobil.bin"), _freedict("spa")),
+            apertium="en-es",
         ),
         Language("fr", "French", ("fr", "fr_FR"), "fr", "fr", (_freedict("fra"),)),
         Language("de", "German", ("de", "de_DE"), "de", "de", (_freedict("deu"),)),
@@ -111,6 +113,11 @@ LANGUAGES: dict[str, Language] = {
 DEFAULT_LANGUAGE = "es"
 # Every dictionary of every language: a pair from one of these is a word, not a string a program ships.
 ALL_DICTIONARY_PACKAGES = frozenset(p for lang in LANGUAGES.values() for p in lang.dictionary_packages)
+
+
+def manifest_language(manifest: dict) -> Language:
+    """The target language of a corpus manifest (model.corpus; older Spanish manifests do not say)."""
+    return language(manifest.get("language", {}).get("code", DEFAULT_LANGUAGE))
 
 
 def language(code: str) -> Language:

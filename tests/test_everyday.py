@@ -223,19 +223,42 @@ def test_make_model_card_runs_the_set_through_the_service_s_path(monkeypatch, tm
     bundle.mkdir()
     (bundle / "manifest.json").write_text(json.dumps({"variants": {"fp32": {}}}), encoding="utf-8")
     model, data = tmp_path / "model", tmp_path / "data"
+    data.mkdir()
+    (data / "manifest.json").write_text(
+        "{}", encoding="utf-8"
+    )  # a Spanish corpus of before the language record
     model_card.run_evaluations(
         argparse.Namespace(model=model, data=data, bundle=bundle, n=10, beam=4, common=5, no_apertium=True)
     )
     assert calls == [
-        [
-            "--bundle",
-            str(bundle),
-            "--variant",
-            "fp32",
-            "--data",
-            str(data),
-            "--json",
-            str(model / "eval-everyday.json"),
-        ]
-    ]
+        ["--bundle", str(bundle), "--variant", "fp32", "--data", str(data),
+         "--set", str(everyday.DEFAULT_SET), "--json", str(model / "eval-everyday.json")]
+    ]  # fmt: skip
     assert model_card.REPORTS["everyday"] == "eval-everyday.json"
+
+
+def test_a_language_without_an_everyday_set_or_apertium_pair_skips_them(monkeypatch, tmp_path: Path):
+    from bench import model_card
+
+    evaluations: list[list[str]] = []
+    monkeypatch.setattr(model_card.evaluate, "main", evaluations.append)
+    monkeypatch.setattr(model_card.everyday, "main", lambda argv: pytest.fail("no French everyday set"))
+    bundle, model, data = tmp_path / "bundle", tmp_path / "model", tmp_path / "data"
+    bundle.mkdir()
+    data.mkdir()
+    (bundle / "manifest.json").write_text(json.dumps({"variants": {"fp32": {}}}), encoding="utf-8")
+    (data / "manifest.json").write_text(json.dumps({"language": {"code": "fr"}}), encoding="utf-8")
+    assert everyday.set_for("fr") is None and everyday.set_for("es") == everyday.DEFAULT_SET
+    model_card.run_evaluations(
+        argparse.Namespace(model=model, data=data, bundle=bundle, n=10, beam=4, common=5, no_apertium=False)
+    )
+    assert evaluations and not any("--apertium" in argv for argv in evaluations)
+    (data / "manifest.json").write_text(json.dumps({"language": {"code": "es"}}), encoding="utf-8")
+    evaluations.clear()
+    monkeypatch.setattr(model_card.everyday, "main", lambda argv: None)
+    model_card.run_evaluations(
+        argparse.Namespace(model=model, data=data, bundle=bundle, n=10, beam=4, common=5, no_apertium=False)
+    )
+    assert ["--apertium", "--apertium-pair", "en-es"] == [
+        a for a in evaluations[0] if "apertium" in a or a == "en-es"
+    ]
