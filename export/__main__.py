@@ -29,7 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default=None, help="model name (default: checkpoint directory name)")
     parser.add_argument("--version", default=None, help="model version (default: date + weights sha256)")
     parser.add_argument("--source-language", default="en")
-    parser.add_argument("--target-language", default="es")
+    parser.add_argument(
+        "--target-language",
+        default=None,
+        help="the bundle's target language (default: training.json's target_language, else es)",
+    )
     parser.add_argument("--max-source-tokens", type=int, default=256)
     parser.add_argument("--max-beam-size", type=int, default=8)
     parser.add_argument("--max-length-cap", type=int, default=256)

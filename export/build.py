@@ -90,7 +90,7 @@ def export_bundle(
     name: str | None = None,
     version: str | None = None,
     source_language: str = "en",
-    target_language: str = "es",
+    target_language: str | None = None,
     max_source_tokens: int = 256,
     max_beam_size: int = 8,
     max_length_cap: int = 256,
@@ -133,9 +133,13 @@ def export_bundle(
     weights_sha = sha256_file(checkpoint / "model.safetensors")
     name = name or checkpoint.resolve().name
     version = version or f"{dt.datetime.now(dt.UTC):%Y%m%d}-{weights_sha[:8]}"
-    training = {}
+    training_json = {}
     if (checkpoint / "training.json").is_file():
-        training = json.loads((checkpoint / "training.json").read_text()).get("best", {})
+        training_json = json.loads((checkpoint / "training.json").read_text())
+    training = training_json.get("best", {})
+    # The pair is the model's: the target language its corpus had (model.train records it), Spanish for
+    # the releases from before the record.
+    target_language = target_language or training_json.get("target_language", "es")
 
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from model.languages import DEFAULT_LANGUAGE
 from model.model import Transformer, TransformerConfig
 from model.tokenizer import Tokenizer
 from model.train import SNAPSHOTS, Validation, describe_scores, save_release
@@ -133,6 +134,7 @@ def release_record(
             "hardware": state.get("hardware", ""),
             "threads": newest.get("threads"),
             "train_pairs": state.get("train_pairs"),
+            "target_language": state.get("target_language", DEFAULT_LANGUAGE),
         }
     return metrics
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.languages import DATA_FILE, PluralForms, normalise_code, parse_plural_forms
+from runtime.splits import target_language
 
 ENGLISH_HELP = "en-US"  # LibreOffice's English help, the source side of every language's help pairs
 ENGLISH_HELP_PACKAGE = "libreoffice-help-en-us"
@@ -113,6 +114,11 @@ LANGUAGES: dict[str, Language] = {
 DEFAULT_LANGUAGE = "es"
 # Every dictionary of every language: a pair from one of these is a word, not a string a program ships.
 ALL_DICTIONARY_PACKAGES = frozenset(p for lang in LANGUAGES.values() for p in lang.dictionary_packages)
+
+
+def corpus_language(data: Path) -> Language:
+    """The target language of the corpus in `data` (runtime.splits.target_language: its manifest's)."""
+    return language(target_language(data))
 
 
 def manifest_language(manifest: dict) -> Language:

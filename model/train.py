@@ -44,6 +44,7 @@ from tqdm import tqdm
 from model.common_strings import load_common_strings, score_common_strings
 from model.corpus import read_novel, read_split
 from model.decode import greedy_decode, max_output_length
+from model.languages import DEFAULT_LANGUAGE, corpus_language
 from model.model import Transformer, TransformerConfig, label_smoothed_loss
 from model.tokenizer import Tokenizer
 
@@ -300,8 +301,10 @@ def release_metrics(
     device: str,
     hardware: str,
     train_pairs: int | None,
+    target_language: str = DEFAULT_LANGUAGE,
 ) -> dict:
-    """training.json of a release: the validation it was chosen on, the curve, settings and hardware."""
+    """training.json of a release: the validation it was chosen on, the curve, settings and hardware, and
+    the corpus's target language (the export labels the bundle's pair with it)."""
     return {
         "best": record,
         "history": history,
@@ -311,6 +314,7 @@ def release_metrics(
         "hardware": hardware,
         "threads": record.get("threads", torch.get_num_threads()),
         "train_pairs": train_pairs,
+        "target_language": target_language,
     }  # fmt: skip
 
 
@@ -386,7 +390,14 @@ def release_last(run_dir: Path, release_dir: Path, tokenizer: Tokenizer) -> None
         )
     hardware = state.get("hardware") or hardware_name(torch.device("cpu"))
     metrics = release_metrics(
-        model, history[-1], history, state["train_config"], "cpu", hardware, state.get("train_pairs")
+        model,
+        history[-1],
+        history,
+        state["train_config"],
+        "cpu",
+        hardware,
+        state.get("train_pairs"),
+        state.get("target_language", DEFAULT_LANGUAGE),
     )
     save_release(model, release_dir, tokenizer, metrics)
     print(f"released step {state['step']} of {run_dir / 'last.pt'} -> {release_dir}")
@@ -459,6 +470,7 @@ def main(argv: list[str] | None = None) -> None:
     rng = random.Random(cfg.seed)
 
     tokenizer = Tokenizer(args.tokenizer)
+    target_language = corpus_language(args.data).code
     train_pairs = read_split(args.data, "train")
     if args.max_train_pairs:
         train_pairs = train_pairs[: args.max_train_pairs]
@@ -550,6 +562,7 @@ def main(argv: list[str] | None = None) -> None:
                 "model_config": config.to_dict(),
                 "hardware": hardware,
                 "train_pairs": len(train),
+                "target_language": target_language,
             },
             tmp,
         )
@@ -571,7 +584,9 @@ def main(argv: list[str] | None = None) -> None:
         improved = bleu > best_bleu
         if improved:
             best_bleu = bleu
-            metrics = release_metrics(model, record, history, vars(cfg), str(device), hardware, len(train))
+            metrics = release_metrics(
+                model, record, history, vars(cfg), str(device), hardware, len(train), target_language
+            )
             save_release(model, args.release_dir, tokenizer, metrics)
         checkpoint(record["train_seconds"])
         if cfg.keep_snapshots:

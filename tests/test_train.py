@@ -1,13 +1,18 @@
 """Training loop pieces: batching, the learning-rate schedule, and a stopped run resuming exactly."""
 
+import contextlib
+import io
 import json
 import random
+import shutil
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from export.__main__ import main as export_main
 from model.corpus import Pair, write_splits
 from model.train import converged, learning_rate, main, make_batches
 
@@ -116,6 +121,28 @@ def test_a_stopped_run_resumes_exactly(tiny_data, tiny_model, tmp_path):
         assert torch.equal(released[name], tensor.half()), name
     info = json.loads((tmp_path / "last" / "training.json").read_text())
     assert info["best"]["step"] == 6 and info["hardware"]
+    assert info["target_language"] == "es"  # a corpus without a manifest is Spanish
+
+
+def test_a_release_records_its_corpus_target_language_for_the_export(tiny_data, tmp_path):
+    french = tmp_path / "data-fr"
+    shutil.copytree(tiny_data, french)
+    for path in french.glob("*.es"):
+        path.rename(path.with_suffix(".fr"))
+    (french / "manifest.json").write_text(json.dumps({"language": {"code": "fr"}}))
+    _run(french, tmp_path / "run", "--max-steps", "2")
+    info = json.loads((tmp_path / "run" / "rel" / "training.json").read_text())
+    assert info["target_language"] == "fr"
+    assert torch.load(tmp_path / "run" / "last.pt", weights_only=False)["target_language"] == "fr"
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        rc = export_main(
+            ["--checkpoint", str(tmp_path / "run" / "rel"), "--out", str(tmp_path / "bundle"),
+             "--variants", "fp32", "--data", str(tmp_path / "no-data"), "--parity-sentences", "0"]
+        )  # fmt: skip
+    assert rc == 0
+    manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
+    assert manifest["target_language"] == "fr" and manifest["pairs"] == [["en", "fr"]]
 
 
 def test_convergence_is_no_better_loss_within_the_last_validations():
