@@ -3,13 +3,17 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-MODEL ?= models/en-es-small
-BUNDLE ?= bundles/en-es-small
-DATA ?= data
+# CORPUS_LANG picks the target language (model/languages.py); not LANG, which is the shell's locale.
+# Every path below follows it: CORPUS_LANG=fr is models/en-fr-small, runs/data-fr, runs/en-fr-small.
+CORPUS_LANG ?= es
+MODEL ?= models/en-$(CORPUS_LANG)-small
+BUNDLE ?= bundles/$(notdir $(MODEL))
+DATA ?= $(if $(filter es,$(CORPUS_LANG)),data,runs/data-$(CORPUS_LANG))
+RUN ?= runs/$(notdir $(MODEL))
 # The tokenizer `make train` trains with: the shipped one unless told (see `make tokenizer`).
 TOKENIZER ?= $(MODEL)/tokenizer.model
 
-.PHONY: help install system-deps run serve bundle corpus data-check tokenizer train release average keep-terms memory lexicon tune-decoding evaluate model-card bench bench-batching gpu-check gpu-pack proto lint test stack-test fuzz soak mutation clean
+.PHONY: help install system-deps run serve bundle corpus data-check tokenizer train release average keep-terms memory lexicon tune-decoding evaluate model-card model bench bench-batching gpu-check gpu-pack proto lint test stack-test fuzz soak mutation clean
 
 # Every target, one line each (tests/test_cli.py checks that none is missing).
 help:
@@ -33,8 +37,8 @@ help:
 	@echo "                       (CORPUS_LANG=fr|de|it|pt_BR DATA=runs/data-fr: English to another language)"
 	@echo "  make data-check      exit 2, naming the command to run, when $(DATA)/ has no corpus"
 	@echo "  make tokenizer       train a SentencePiece model into runs/tokenizer/ (the shipped one stays)"
-	@echo "  make train           train the small model into runs/en-es-small/ (TRAIN_ARGS=--resume continues)"
-	@echo "  make average         mean of the run's last validation snapshots, scored, into runs/en-es-small/averaged"
+	@echo "  make train           train the small model into $(RUN)/ (TRAIN_ARGS=--resume continues)"
+	@echo "  make average         mean of the run's last validation snapshots, scored, into $(RUN)/averaged"
 	@echo "  make release         copy the run's best weights (or RELEASE=dir) and their tokenizer into $(MODEL)/"
 	@echo "  make keep-terms      learn the do-not-translate list and source words into $(MODEL)/ (~20 s)"
 	@echo "  make memory          the translation memory (Debian's agreed translations) into $(MODEL)/ (~10 s)"
@@ -42,6 +46,7 @@ help:
 	@echo "  make tune-decoding   choose the decoding defaults of $(MODEL) on the valid split (its decoding.json)"
 	@echo "  make evaluate        score $(MODEL) on the test split against Apertium into runs/eval.json"
 	@echo "  make model-card      evaluate $(MODEL) (test, UI strings, fp32/int8) and write its MODEL_CARD.md"
+	@echo "  make model           the whole recipe, corpus to carded model in $(MODEL)/ (CORPUS_LANG=fr; ~8 h on 2 cores)"
 	@echo "Benchmarks:"
 	@echo "  make bench           engine vs PyTorch vs CTranslate2 speed into bench.json"
 	@echo "  make bench-batching  batching modes (off / request / in-flight) through gRPC, with a plot (~45 min)"
@@ -77,7 +82,7 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    prometheus apertium apertium-eng-spa nginx docker-compose gettext chromium chromium-driver hunspell-es lttoolbox-dev >/dev/null; }
 
-$(BUNDLE)/manifest.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(MODEL)/tokenizer.model $(MODEL)/decoding.json $(wildcard $(MODEL)/keep_terms.txt $(MODEL)/source_words.txt $(MODEL)/memory.jsonl.gz $(MODEL)/lexicon.txt.gz) | install
+$(BUNDLE)/manifest.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(MODEL)/tokenizer.model $(wildcard $(MODEL)/decoding.json $(MODEL)/keep_terms.txt $(MODEL)/source_words.txt $(MODEL)/memory.jsonl.gz $(MODEL)/lexicon.txt.gz) | install
 	$(PY) -m export --checkpoint $(MODEL) --out $(BUNDLE)
 
 bundle: $(BUNDLE)/manifest.json
@@ -90,8 +95,6 @@ run serve: install
 	@if [ -z "$$TRANSLATOR_MODEL_DIR" ]; then $(MAKE) --no-print-directory bundle; fi
 	TRANSLATOR_HTTP_PORT=$${TRANSLATOR_HTTP_PORT:-5000} $(PY) -m server
 
-# CORPUS_LANG picks the target language (model/languages.py); not LANG, which is the shell's locale.
-CORPUS_LANG ?= es
 # lt-print (Debian's lttoolbox-dev) reads Apertium's compiled bilingual dictionary, one of the sources.
 corpus: install
 	@command -v lt-print >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
@@ -105,26 +108,26 @@ tokenizer: data-check install
 	$(PY) -m model.tokenizer --data $(DATA) --out runs/tokenizer
 	@echo "runs/tokenizer/tokenizer.model is not in use: make train TOKENIZER=runs/tokenizer/tokenizer.model, then make release"
 
-# Trains into runs/en-es-small (last.pt every 100 steps and on Ctrl-C / SIGTERM; the best weights so far
-# in runs/en-es-small/release). TRAIN_ARGS=--resume continues exactly where it stopped;
+# Trains into $(RUN) (last.pt every 100 steps and on Ctrl-C / SIGTERM; the best weights so far
+# in $(RUN)/release). TRAIN_ARGS=--resume continues exactly where it stopped;
 # TRAIN_ARGS="--init-from $(MODEL)" continues from the shipped model (how it was trained, see its card).
+TRAIN_SETTINGS = --config small --lr 1.5e-3 --warmup 1000 --max-tokens 3000 --valid-bleu-sentences 400 --threads 2
 train: data-check install
-	$(PY) -m model.train --data $(DATA) --tokenizer $(TOKENIZER) --run-dir runs/en-es-small \
-	  --release-dir runs/en-es-small/release --config small --lr 1.5e-3 --warmup 1000 --max-tokens 3000 \
-	  --valid-every 250 --valid-bleu-sentences 400 --threads 2 $(TRAIN_ARGS)
+	$(PY) -m model.train --data $(DATA) --tokenizer $(TOKENIZER) --run-dir $(RUN) \
+	  --release-dir $(RUN)/release $(TRAIN_SETTINGS) --valid-every 250 $(TRAIN_ARGS)
 
 # Promote the run's best weights, with the tokenizer they were trained with, to the shipped model
-# directory (then: make tune-decoding model-card). RELEASE=runs/en-es-small/averaged ships an average.
-RELEASE ?= runs/en-es-small/release
+# directory (then: make tune-decoding model-card). RELEASE=$(RUN)/averaged ships an average.
+RELEASE ?= $(RUN)/release
 release:
 	cp $(RELEASE)/model.safetensors $(RELEASE)/config.json $(RELEASE)/training.json $(RELEASE)/tokenizer.model $(MODEL)/
 
 # The mean of the run's last AVERAGE_LAST validation snapshots (TRAIN_ARGS=--keep-snapshots N), scored
-# like a validation next to each snapshot, into runs/en-es-small/averaged (see model/average.py).
+# like a validation next to each snapshot, into $(RUN)/averaged (see model/average.py).
 AVERAGE_LAST ?= 4
 average: data-check install
-	$(PY) -m model.average --run-dir runs/en-es-small --last $(AVERAGE_LAST) --tokenizer $(TOKENIZER) \
-	  --data $(DATA) --threads 2 --out runs/en-es-small/averaged
+	$(PY) -m model.average --run-dir $(RUN) --last $(AVERAGE_LAST) --tokenizer $(TOKENIZER) \
+	  --data $(DATA) --threads 2 --out $(RUN)/averaged
 
 # Terms the human translations copy unchanged (program and product names): the text layer keeps them.
 keep-terms: data-check install
@@ -142,6 +145,31 @@ lexicon: install
 tune-decoding: data-check install bundle
 	$(PY) -m bench.tune_decoding --model $(MODEL) --data $(DATA) --bundle $(BUNDLE) --text-layer
 	$(MAKE) --no-print-directory bundle
+
+# One recipe, from the corpus to the released, tuned, carded model of a language (make model
+# CORPUS_LANG=fr). Each stage is skipped when its output exists, and training resumes where it stopped,
+# so the recipe can be run again after an interruption. Training: MODEL_STEPS - MODEL_COOLDOWN steps at
+# the schedule's rate, then a linear cooldown to 0 over MODEL_COOLDOWN steps; the release is the mean of
+# the last AVERAGE_LAST validation snapshots. A new tokenizer is trained for the run into $(RUN)/tokenizer/.
+# The times in the README are this machine's (2 cores); docs/gpu.md trains on a GPU instead.
+MODEL_STEPS ?= 26000
+MODEL_COOLDOWN ?= 3000
+MODEL_VALID_EVERY ?= 500
+RUN_TOKENIZER = $(RUN)/tokenizer/tokenizer.model
+model: install
+	@test -f $(DATA)/manifest.json || $(MAKE) --no-print-directory corpus
+	@test -f $(RUN_TOKENIZER) || $(PY) -m model.tokenizer --data $(DATA) --out $(RUN)/tokenizer
+	$(PY) -m model.train --data $(DATA) --tokenizer $(RUN_TOKENIZER) --run-dir $(RUN) \
+	  --release-dir $(RUN)/release $(TRAIN_SETTINGS) --valid-every $(MODEL_VALID_EVERY) \
+	  $(if $(wildcard $(RUN)/last.pt),--resume) --max-steps $$(( $(MODEL_STEPS) - $(MODEL_COOLDOWN) ))
+	$(PY) -m model.train --data $(DATA) --tokenizer $(RUN_TOKENIZER) --run-dir $(RUN) \
+	  --release-dir $(RUN)/release $(TRAIN_SETTINGS) --valid-every $(MODEL_VALID_EVERY) \
+	  --resume --cooldown $(MODEL_COOLDOWN) --max-steps $(MODEL_STEPS)
+	$(MAKE) --no-print-directory average TOKENIZER=$(RUN_TOKENIZER)
+	@mkdir -p $(MODEL)
+	$(MAKE) --no-print-directory release keep-terms memory RELEASE=$(RUN)/averaged
+	$(if $(filter es,$(CORPUS_LANG)),$(MAKE) --no-print-directory lexicon,@echo "no lexicon builder for $(CORPUS_LANG) yet: the lexical guard stays off")
+	$(MAKE) --no-print-directory tune-decoding model-card
 
 # The report goes to runs/eval.json (the model card's own reports, in $(MODEL)/, are make model-card's).
 evaluate: data-check install system-deps

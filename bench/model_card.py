@@ -73,6 +73,18 @@ def _shipped_weights(best: dict) -> str:
     return f"Best checkpoint: step {best['step']:,}"
 
 
+def _recipe(train_config: dict, lang: Language, args: argparse.Namespace) -> list[str]:
+    """The `make model` line that makes this model, for a run that ended with the recipe's cooldown."""
+    steps, cooldown = train_config.get("max_steps", 0), train_config.get("cooldown", 0)
+    if not steps or not cooldown:
+        return []
+    return [
+        f"Recipe: `make model CORPUS_LANG={lang.code} MODEL_STEPS={steps} MODEL_COOLDOWN={cooldown}` "
+        f"(README, *The model pipeline*): {steps - cooldown:,} steps, then the learning rate down to 0 over "
+        f"{cooldown:,} more; the shipped weights are the average the recipe releases."
+    ]
+
+
 def _row(name: str, s: dict) -> str:
     ph = s["placeholders"]
     kept = (
@@ -346,6 +358,7 @@ def render(args: argparse.Namespace) -> str:
         "## Training",
         "",
         f"Settings: {json.dumps(training['train_config'])}.",
+        *_recipe(training["train_config"], lang, args),
         f"Hardware: {training.get('hardware', 'CPU (not recorded)')}, {training.get('threads', '?')} threads, "
         f"device {training.get('device', 'cpu')}. {_shipped_weights(best)} (epoch {best['epoch']}), "
         f"{best['train_seconds'] / 3600:.2f} h of training in all, {training['train_pairs']:,} training pairs.",
