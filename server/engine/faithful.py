@@ -306,6 +306,7 @@ class TextLayer:
             if u.kept is not None:
                 self._wider_beam(u, hyps, plan.glossary, prepared.options.beam_size)
                 u.cands = u.cands[:n_best]
+                _note_copy(u)
                 continue
             if u.visible is None:
                 u.cands, u.note = _final_candidates(u, hyps)
@@ -316,6 +317,7 @@ class TextLayer:
                 retry[id(u)] = [u]
                 continue
             u.cands = u.cands[:n_best]
+            _note_copy(u)
             if u.visible is not None and not u.cands:
                 text = next(t.text for t in plan.texts if any(p is u for p in t.parts))
                 if u.whole:
@@ -459,6 +461,65 @@ def _fluent_first(source: str, cands: list[Candidate]) -> list[Candidate]:
     return cands
 
 
+# Spanish opening marks and the mark that closes each: a question or exclamation opened on one line of
+# the output must close on the same line as the source's (the model, sent `Open the file\nSave changes?`
+# whole, opened a question on both lines).
+_OPENING = {"\u00bf": "?", "\u00a1": "!"}
+
+
+def _stray_opening(source: str, output: str) -> bool:
+    """Whether `output` opens a question or exclamation it does not close, opens one inside another, or
+    has a line whose closing marks differ in number from the source's same line (lines compared when
+    both have as many). A source that has opening marks itself is left alone."""
+    if any(mark in source for mark in _OPENING):
+        return False
+    for opening, closing in _OPENING.items():
+        open_ = False
+        for ch in output:
+            if ch == opening:
+                if open_:
+                    return True
+                open_ = True
+            elif ch == closing:
+                open_ = False
+        if open_:
+            return True
+        src_lines, out_lines = source.split("\n"), output.split("\n")
+        if len(src_lines) == len(out_lines) and any(
+            a.count(closing) != b.count(closing) for a, b in zip(src_lines, out_lines, strict=True)
+        ):
+            return True
+    return False
+
+
+def _copied(u: _Unit, text: str) -> bool:
+    """A first-round output that is the source as it was, markup and all, where the source has words:
+    visible markup (`<p class="green">Hello!</p>`) can make the model copy its input, which passed
+    every check and came back untranslated without a note. Such an output goes after the others and,
+    when it is what the text gets, is noted as passed through."""
+    if not u.visible or text != u.masked.source:
+        return False
+    words, pos = [], 0
+    for span in sorted(u.visible, key=lambda s: s.start):  # the words outside the markup
+        words.append(text[pos : span.start])
+        pos = max(pos, span.end)
+    words.append(text[pos:])
+    return _LETTERS.search(" ".join(words)) is not None
+
+
+_LETTERS = re.compile(r"[^\W\d_]{2,}")
+
+
+def _note_copy(u: _Unit) -> None:
+    """A unit whose best candidate is its source copied (`_copied`) says so in its note."""
+    if not u.cands or not _copied(u, u.cands[0][0]) or (u.note is not None and u.note.action == "memory"):
+        return
+    reason = "the model gave the text back untranslated"
+    if u.note is not None:
+        reason = f"{reason}; {u.note.reason}"
+    u.note = SegmentNote("passed_through", u.start, u.end, reason)
+
+
 def _first_candidates(u: _Unit, hyps: list[Hypothesis]) -> list[Candidate]:
     """The first-round outputs that keep every span (and, sent whole, the structure), best first (all
     of them: the lexical guard may look past the best, finish cuts to the requested n-best)."""
@@ -468,9 +529,11 @@ def _first_candidates(u: _Unit, hyps: list[Hypothesis]) -> list[Candidate]:
         text, problem = restore(u.masked, h.text, u.visible)
         if text is None or problem is not None or (want is not None and _structure(text) != want):
             continue
+        if _stray_opening(u.masked.source, text):
+            continue
         if text not in [c[0] for c in out]:
             out.append((text, h.score, h.tokens))
-    return _fluent_first(u.masked.source, out)
+    return sorted(_fluent_first(u.masked.source, out), key=lambda c: _copied(u, c[0]))
 
 
 def _final_candidates(u: _Unit, hyps: list[Hypothesis]) -> tuple[list[Candidate], SegmentNote | None]:
