@@ -22,7 +22,7 @@ help:
 	@echo "                       (installs .venv and exports $(BUNDLE)/ on first use); make serve is the same"
 	@echo "  make bundle          export $(MODEL) to the ONNX bundle $(BUNDLE)/ (only when the model changed)"
 	@echo "  make install         create .venv/ with the package and its train + dev extras (pyproject.toml)"
-	@echo "  make system-deps     apt-get install prometheus, apertium, nginx, docker-compose, gettext, chromium, hunspell-es (tests; root)"
+	@echo "  make system-deps     apt-get install prometheus, apertium, nginx, docker-compose, gettext, chromium, hunspell-es, nodejs, npm (tests; root)"
 	@echo "Develop:"
 	@echo "  make test            lint + the whole test suite"
 	@echo "  make stack-test      build the images, run the compose stack (podman or Docker) and check it end to end"
@@ -78,9 +78,11 @@ system-deps:
 	@command -v promtool >/dev/null && command -v apertium >/dev/null && command -v nginx >/dev/null \
 	  && [ -e /usr/share/hunspell/es_ES.dic ] && command -v lt-print >/dev/null \
 	  && command -v docker-compose >/dev/null && command -v msgfmt >/dev/null \
-	  && command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  && command -v chromium >/dev/null && command -v chromedriver >/dev/null \
+	  && command -v node >/dev/null && command -v npm >/dev/null || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	    prometheus apertium apertium-eng-spa nginx docker-compose gettext chromium chromium-driver hunspell-es lttoolbox-dev >/dev/null; }
+	    prometheus apertium apertium-eng-spa nginx docker-compose gettext chromium chromium-driver hunspell-es lttoolbox-dev \
+	    nodejs npm >/dev/null; }
 
 $(BUNDLE)/manifest.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(MODEL)/tokenizer.model $(wildcard $(MODEL)/decoding.json $(MODEL)/keep_terms.txt $(MODEL)/source_words.txt $(MODEL)/memory.jsonl.gz $(MODEL)/lexicon.txt.gz) | install
 	$(PY) -m export --checkpoint $(MODEL) --out $(BUNDLE)

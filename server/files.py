@@ -25,7 +25,7 @@ import time
 import unicodedata
 import urllib.parse
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any, TypeVar
@@ -61,6 +61,8 @@ MAX_NAME_CHARS = 120
 STORED_FILE_OVERHEAD = 1024  # bytes a kept file counts for beyond its content: empty files are not free
 
 T = TypeVar("T")
+# source=auto: a file's texts -> the served source language they are in (Failure(INVALID) if none).
+DetectSource = Callable[[Sequence[str]], Awaitable[str]]
 
 
 @dataclass(frozen=True)
@@ -439,10 +441,12 @@ class FileTranslator:
         request_id: str,
         stats: dict,
         pair: tuple[str, str] = ("", ""),
+        detect_source: DetectSource | None = None,
     ) -> FileResult:
         """A .po/.pot/.txt file's bytes -> its version in `pair`'s target (routed as TranslationCore.route
-        does; empty: the default model's); Failure(INVALID) for another kind, an unserved pair or a file
-        over the limits, Failure(OVERLOADED) when too many files are in progress."""
+        does; empty: the default model's). With `detect_source` (source=auto), pair's source is what it
+        returns for the file's texts, before any is translated. Failure(INVALID) for another kind, an
+        unserved pair or a file over the limits, Failure(OVERLOADED) when too many files are in progress."""
         suffix = PurePath(name).suffix.lower()
         if suffix not in SUFFIXES:
             raise Failure(
@@ -450,7 +454,8 @@ class FileTranslator:
             )
         # Resolved before any work: an unserved pair is a 400 naming the served ones, and the catalog's
         # header is written for the target as the model serves it (pt -> pt_BR).
-        _, pair = self.core.route(*pair)
+        if detect_source is None:
+            _, pair = self.core.route(*pair)
         if self.closed:
             raise Failure(UNAVAILABLE, "the server is shutting down")
         if len(self.active) >= self.limits.max_files:
@@ -463,10 +468,20 @@ class FileTranslator:
         self.active.add(cancel)
         try:
             if suffix in CATALOG_SUFFIXES:
-                return await self._catalog(cancel, data, name, options, request_id, stats, pair)
-            return await self._text(cancel, data, name, options, request_id, stats, pair)
+                return await self._catalog(
+                    cancel, data, name, options, request_id, stats, pair, detect_source
+                )
+            return await self._text(cancel, data, name, options, request_id, stats, pair, detect_source)
         finally:
             self.active.discard(cancel)
+
+    async def _source(
+        self, pair: tuple[str, str], texts: Sequence[str], detect_source: DetectSource | None
+    ) -> tuple[str, str]:
+        """`pair`, its source detected from the file's texts when the request asked for that."""
+        if detect_source is None:
+            return pair
+        return self.core.route(await detect_source(texts), pair[1])[1]
 
     async def _catalog(
         self,
@@ -477,6 +492,7 @@ class FileTranslator:
         request_id: str,
         stats: dict,
         pair: tuple[str, str],
+        detect_source: DetectSource | None = None,
     ) -> FileResult:
         try:
             require_msgfmt()
@@ -485,6 +501,7 @@ class FileTranslator:
         limits = self.limits.catalog
         cat = await self._call(cancel, _prepare_catalog, data, name, limits, cancel, pair[1])
         sources = [s for job in cat.jobs for s in job.sources]
+        pair = await self._source(pair, sources, detect_source)
         best = await translate_many(
             self.core, sources, options, request_id, stats, self.share, self.limits.overload_wait_s, pair
         )
@@ -499,10 +516,12 @@ class FileTranslator:
         request_id: str,
         stats: dict,
         pair: tuple[str, str],
+        detect_source: DetectSource | None = None,
     ) -> FileResult:
         """Translate a plain text file line by line (blank lines and line ends kept; a line the service
         refuses stays as it was)."""
         lines, todo, bodies = await self._call(cancel, _split_text, data, name)
+        pair = await self._source(pair, bodies, detect_source)
         best = await translate_many(
             self.core, bodies, options, request_id, stats, self.share, self.limits.overload_wait_s, pair
         )

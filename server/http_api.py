@@ -32,6 +32,7 @@ from aiohttp import web
 
 from server import translate as core
 from server.auth import bearer_credentials, token_matches
+from server.detect import RANKED, LanguageIdentifier, check_texts, joined_sample, route_auto, sources_for
 from server.files import (
     SUFFIXES,
     DownloadStore,
@@ -45,6 +46,7 @@ from server.files import (
 from server.http_limits import ConnectionGuard, HttpLimits
 from server.languages import DEFAULT_PAIR, bcp47, name_of
 from server.metrics import Metrics
+from server.openapi import SpecValues, build_spec, package_version
 from server.translate import Failure, OptionRequest, TranslationCore
 
 log = logging.getLogger("server.requests")
@@ -217,6 +219,19 @@ def int_param(params: dict[str, Any], name: str, default: int = 0) -> int:
     return number
 
 
+def q_texts(params: dict[str, Any]) -> tuple[list[str], bool]:
+    """q as texts, and whether it was a list (the answer is then a list too); 400 when missing or not
+    a string or a list of strings."""
+    q = params.get("q")
+    if q is None or q == "" or q == []:
+        raise HttpError(400, "Invalid request: missing q parameter")
+    batch = isinstance(q, list)
+    texts = q if batch else [q]
+    if not all(isinstance(t, str) for t in texts):
+        raise HttpError(400, "Invalid request: q must be a string or a list of strings")
+    return texts, batch
+
+
 class HttpApi:
     """The aiohttp application over a TranslationCore; `await start(host, port)`, `await stop()`."""
 
@@ -240,6 +255,7 @@ class HttpApi:
         self.file_limits = file_limits or FileLimits()
         self.files = DownloadStore(self.file_limits.store_bytes, self.file_limits.ttl_s)
         self.file_work = FileTranslator(translation, self.file_limits)
+        self.identifier = LanguageIdentifier()  # /detect and source=auto (server/detect.py), loaded lazily
         self.app = web.Application(
             client_max_size=self.limits.max_body_bytes, middlewares=[self._preflight, self._errors]
         )
@@ -252,6 +268,8 @@ class HttpApi:
                 web.get("/languages", self.languages),
                 web.get("/frontend/settings", self.settings),
                 web.post("/translate", self.translate),
+                web.post("/detect", self.detect),
+                web.get("/spec", self.spec),
                 web.post("/suggest", self.suggest),
                 web.post("/translate_file", self.translate_file),
                 web.get("/download_file/{id}/{name}", self.download),
@@ -311,6 +329,7 @@ class HttpApi:
         # After the grace period: kill the msgfmt of any file still being checked (a cancelled request
         # kills its own) so that no file work outlives the stop.
         self.file_work.close()
+        self.identifier.close()
 
     # ---- plumbing ----------------------------------------------------------------------------------
 
@@ -461,14 +480,15 @@ class HttpApi:
     def _check_languages(self, params: dict[str, Any]) -> tuple[bool, tuple[str, str]]:
         """source/target routed by the shared path (server/translate.py route: the served pairs, codes
         as LibreTranslate clients send them, pt-BR / pt_BR / pt alike): whether the source was "auto",
-        and the served pair. "auto" is the source the target is served from (English)."""
+        and the served pair. With "auto" the pair's source is empty: it is the texts' language
+        (server/detect.py route_auto), and only the target is checked here."""
         for name in ("source", "target"):
             if not params.get(name):
                 raise HttpError(400, f"Invalid request: missing {name} parameter")
         source, target = str(params["source"]).lower(), str(params["target"])
-        auto = source == "auto"
-        _, pair = self.core.route("" if auto else source, target)
-        return auto, pair
+        if source == "auto":
+            return True, ("", sources_for(self.core, target)[1])
+        return False, self.core.route(source, target)[1]
 
     # ---- routes -------------------------------------------------------------------------------------
 
@@ -522,20 +542,52 @@ class HttpApi:
         them), so its clients show their usual message; the body is never read."""
         return web.json_response({"error": "Suggestions are disabled on this server."}, status=403)
 
+    async def detect(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve("Detect", request, self._detect)
+
+    async def _detect(
+        self, request: web.Request, params: dict[str, Any], request_id: str, stats: dict
+    ) -> web.Response:
+        """LibreTranslate's /detect: the likeliest languages of q, best first, as
+        [{"confidence": 0-100, "language": code}]; a list q gets one such list per text. Bounded as
+        /translate is (texts per request, characters per text); needs no model, so it answers while
+        one loads."""
+        texts, batch = q_texts(params)
+        check_texts(self.core, texts)
+        rankings = await self.identifier.rank_many(texts)
+        stats["texts"] = len(texts)
+        answers = [[guess.as_json() for guess in ranked[:RANKED]] for ranked in rankings]
+        return web.json_response(answers if batch else answers[0])
+
+    async def spec(self, request: web.Request) -> web.Response:
+        """The API as an OpenAPI 3 document, from the limits and settings this server runs with."""
+        from runtime.faithful.segment import MAX_TEXT_CHARS
+
+        backend = self.core.backend
+        values = SpecValues(
+            version=package_version(),
+            max_texts=self.core.max_texts,
+            max_text_chars=MAX_TEXT_CHARS,
+            max_body_bytes=self.limits.max_body_bytes,
+            file_suffixes=tuple(SUFFIXES),
+            max_alternatives=(backend.engine.max_beam_size - 1) if backend else 0,
+            detect_ranked=RANKED,
+            frontend_timeout_ms=FRONTEND_TIMEOUT_MS,
+            key_required=bool(self.token),
+        )
+        return web.json_response(build_spec(values))
+
     async def _translate(
         self, request: web.Request, params: dict[str, Any], request_id: str, stats: dict
     ) -> web.Response:
-        q = params.get("q")
-        if q is None or q == "":
-            raise HttpError(400, "Invalid request: missing q parameter")
-        batch = isinstance(q, list)
-        texts = q if batch else [q]
-        if not all(isinstance(t, str) for t in texts):
-            raise HttpError(400, "Invalid request: q must be a string or a list of strings")
+        texts, batch = q_texts(params)
         fmt = str(params.get("format") or "text")
         if fmt not in ("text", "html"):
             raise HttpError(400, f"Invalid request: format must be text or html, got {fmt!r}")
         auto, pair = self._check_languages(params)
+        if auto:  # the count is checked before the identifier reads the texts; lengths by the engine
+            self.core.validate_texts(texts)
+            pair, detected = await route_auto(self.core, self.identifier, texts, pair[1])
         alternatives = int_param(params, "alternatives")
         timeout_ms = int_param(params, "timeout_ms")  # an extension: a deadline as gRPC clients have
         options = OptionRequest()
@@ -564,8 +616,8 @@ class HttpApi:
         if any(notes):  # only then: answers without notes stay exactly LibreTranslate's
             body["notes"] = notes if batch else notes[0]
         if auto:
-            detected = {"confidence": 100.0, "language": pair[0]}
-            body["detectedLanguage"] = [detected] * len(texts) if batch else detected
+            shown = [guess.as_json() for guess in detected]
+            body["detectedLanguage"] = shown if batch else shown[0]
         return web.json_response(body)
 
     async def translate_file(self, request: web.Request) -> web.StreamResponse:
@@ -579,14 +631,25 @@ class HttpApi:
             raise HttpError(400, "Invalid request: missing file parameter (a multipart file upload)")
         # Routed like /translate (an unserved pair is a 400 naming the served ones): the file is
         # translated by that pair's model and a catalog gets the target's Language and Plural-Forms.
-        _, pair = self._check_languages(params)
+        auto, pair = self._check_languages(params)
+        found: list[dict[str, Any]] = []  # source=auto: the file's detected language
+
+        async def detect_source(texts: list[str]) -> str:
+            (source, _), guesses = await route_auto(
+                self.core, self.identifier, [joined_sample(texts)] if texts else [], pair[1]
+            )
+            found.extend(guess.as_json() for guess in guesses)
+            return source
+
         name = safe_name(upload.filename)
         if not name:
             raise HttpError(400, f"Invalid request: the file's name {upload.filename!r} has no usable name")
         try:
             self.files.require_room()  # a full store refuses before the work, not after it
             data = upload.file.read()
-            result = await self.file_work.translate(data, name, OptionRequest(), request_id, stats, pair)
+            result = await self.file_work.translate(
+                data, name, OptionRequest(), request_id, stats, pair, detect_source if auto else None
+            )
             stats.update(filled=result.filled, left_out=len(result.left_out))
             file_id = self.files.put(result.name, result.text.encode())
         except StoreFull as e:
@@ -594,9 +657,10 @@ class HttpApi:
         path = f"/download_file/{file_id}/{urllib.parse.quote(result.name, safe='')}"
         # Relative unless a public URL is configured: never built from the client's Host header.
         url = self.file_limits.public_url.rstrip("/") + path
-        return web.json_response(
-            {"translatedFileUrl": url, "filled": result.filled, "leftOut": result.left_out}
-        )
+        body = {"translatedFileUrl": url, "filled": result.filled, "leftOut": result.left_out}
+        if found:  # an extension, as on /translate
+            body["detectedLanguage"] = found[0]
+        return web.json_response(body)
 
     def _store_full(self, e: StoreFull) -> web.Response:
         seconds = max(1, math.ceil(e.retry_after_s))

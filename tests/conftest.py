@@ -326,6 +326,37 @@ def start_fake_server(server_loop, fake_bundle) -> Iterator[Callable[..., Runnin
 
 
 @pytest.fixture()
+def loading_http_server(
+    server_loop, fake_bundle
+) -> Iterator[Callable[..., tuple[RunningServer, threading.Event]]]:
+    """loading_http_server(**config overrides) -> (server, gate): a fake-engine server with the HTTP API
+    on a free port whose model is still loading until the test sets `gate` (30 s at most); stopped at the
+    end."""
+    from tests.fake_engine import FakeEngine
+
+    started: list[tuple[RunningServer, threading.Event]] = []
+
+    def start(**overrides) -> tuple[RunningServer, threading.Event]:
+        gate = threading.Event()
+
+        def slow_load(bundle_dir, config):
+            gate.wait(30)
+            return FakeEngine(step_s=0)
+
+        overrides = {"warmup": False, "http_port": free_port(), **overrides}
+        server = RunningServer(server_loop, base_config(fake_bundle, **overrides))
+        server.server.engine_factory = slow_load
+        started.append((server, gate))
+        server.start(wait_ready=False)
+        return server, gate
+
+    yield start
+    for server, gate in started:
+        gate.set()
+        server.stop(1)
+
+
+@pytest.fixture()
 def client_for():
     """client_for(server, **kwargs) -> TranslatorClient (closed at the end)."""
     from client import TranslatorClient

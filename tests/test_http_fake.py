@@ -42,13 +42,11 @@ def test_translate_answers_as_libretranslate_does(http):
     q = {"source": "en", "target": "es"}
     assert call(server, "translate", {"q": "Open the file", **q})[2] == {"translatedText": "file the Open"}
     assert call(server, "translate", {"q": ["a b", "c d"], **q})[2] == {"translatedText": ["b a", "d c"]}
+    # source=auto: the identifier's language and confidence (tests/test_detect.py has the rule).
     status, _, body = call(server, "translate", {"q": "a b", "source": "auto", "target": "es"}, form=True)
-    assert (status, body) == (
-        200,
-        {"translatedText": "b a", "detectedLanguage": {"confidence": 100.0, "language": "en"}},
-    )
+    assert (status, body["translatedText"], body["detectedLanguage"]["language"]) == (200, "b a", "en")
     body = call(server, "translate", {"q": ["a b", "c"], "source": "AUTO", "target": "ES"})[2]
-    assert body["detectedLanguage"] == [{"confidence": 100.0, "language": "en"}] * 2
+    assert [d["language"] for d in body["detectedLanguage"]] == ["en", "en"]
     # The query string counts too (under the body).
     assert call(server, "translate?source=en&target=es", {"q": "x y"}, form=True)[2] == {
         "translatedText": "y x"
