@@ -293,7 +293,7 @@ class TranslatorServer:
             )
         except Exception as e:
             self.load_error = e
-            self.service.unavailable_reason = f"the model failed to load: {e}"
+            self.service.core.cannot_serve(f"the model failed to load: {e}")  # no waiting for it
             log.error("model failed to load", exc_info=True, extra={"fields": {"error": str(e)}})
         finally:
             self._ready.set()
@@ -329,6 +329,7 @@ class TranslatorServer:
             max_running_tokens=cfg.max_running_tokens,
             max_running_rows=cfg.max_running_rows or (512 if getattr(engine, "on_cuda", False) else 64),
             max_admit_wait_steps=cfg.max_admit_wait_steps,
+            max_queue_waiters=cfg.http_queue_waiters,  # only HTTP requests wait in line (HttpLimits)
         )
         self.schedulers.append(scheduler)
         metrics.queue_capacity.set(cfg.max_queue_segments)  # each model's own queue
@@ -354,7 +355,7 @@ class TranslatorServer:
         log.info(
             "shutting down", extra={"fields": {"grace_s": grace, "drain_delay_s": self.config.drain_delay_s}}
         )
-        self.service.unavailable_reason = "the server is shutting down"
+        self.service.core.cannot_serve("the server is shutting down")
         self.metrics.ready.set(0)
         await self._set_health(False)
         if self.config.drain_delay_s > 0:

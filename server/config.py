@@ -61,6 +61,11 @@ class ServerConfig:
     # Browser origins allowed to call the HTTP API (CORS): "" = none (no CORS headers), "*" = any, or a
     # comma-separated list of exact origins. Off by default: see docs/service.md "HTTP API".
     http_cors_origins: str = ""
+    # HTTP callers wait this long for room in a full queue (and for a loading model) before a 429 (503);
+    # at most http_queue_waiters of them per model wait at once, the rest get 429 at once. gRPC callers
+    # never wait: RESOURCE_EXHAUSTED at once (docs/service.md "Waiting for capacity").
+    http_queue_wait_s: float = 30.0
+    http_queue_waiters: int = 256
     # gRPC limits: health Watch streams (all connections together) and streams per HTTP/2 connection.
     max_health_watches: int = 100
     grpc_max_streams_per_connection: int = 128
@@ -135,7 +140,9 @@ class ServerConfig:
         ):
             if getattr(self, name) < 1:
                 bad(name, ">= 1", getattr(self, name))
-        for name in ("max_wait_ms", "shutdown_grace_s", "drain_delay_s"):
+        if self.http_queue_waiters < 0:
+            bad("http_queue_waiters", ">= 0 (0 = nobody waits: 429 at once)", self.http_queue_waiters)
+        for name in ("max_wait_ms", "shutdown_grace_s", "drain_delay_s", "http_queue_wait_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 bad(name, "a finite number >= 0", value)
@@ -268,6 +275,10 @@ HELP = {
     "http_cors_origins": "browser origins allowed to call the HTTP API (CORS): empty = none (no CORS "
     "headers, the default), * = any origin (as LibreTranslate), or comma-separated exact origins "
     "(https://app.example.org,http://localhost:8080)",
+    "http_queue_wait_s": "seconds (>= 0) an HTTP request waits in line for room in a full queue, and for "
+    "a model still loading, before it gets 429 (503); never past its timeout_ms; 0 = 429 and 503 at once",
+    "http_queue_waiters": "HTTP requests that may wait in line for room at once, per model, >= 0; past "
+    "it a request gets 429 at once",
     "max_health_watches": "open gRPC health Watch streams, all clients together, >= 1; past it Watch "
     "answers RESOURCE_EXHAUSTED",
     "grpc_max_streams_per_connection": "concurrent gRPC streams (calls) per client connection, >= 1 "

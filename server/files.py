@@ -75,9 +75,8 @@ class FileLimits:
         )
     )
     workers: int = 2  # threads that parse, fill and check files (each msgfmt runs from one)
-    max_files: int = 8  # files in progress at once; more get 429
+    max_files: int = 8  # files in progress at once; as many more wait for a slot, the rest get 429
     queue_share: float = 0.125  # share of the scheduler queue (texts) all files together may hold
-    overload_wait_s: float = 30.0  # how long a file waits out a full queue before it fails with 429
     store_bytes: int = 64 * 1024 * 1024  # translated files kept for download, in bytes
     ttl_s: float = 900.0  # how long a translated file is kept for download
     public_url: str = ""  # the download links' base (https://host/prefix); "": links relative to the host
@@ -239,6 +238,10 @@ class QueueShare:
         self.used -= n
         self._wake()
 
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
     def _wake(self) -> None:
         while self._waiting and self.used + self._waiting[0][0] <= self.capacity:
             n, waiter = self._waiting.popleft()
@@ -257,13 +260,14 @@ async def translate_many(
     request_id: str,
     stats: dict,
     share: QueueShare | None = None,
-    overload_wait_s: float = 30.0,
+    queue_wait_s: float = 30.0,
     pair: tuple[str, str] = ("", ""),
 ) -> list[Hypothesis | None]:
     """The best hypothesis of every text (None for one the service refused alone, e.g. too long), in
     requests of at most `core.max_texts` texts (and of the queue `share`, which they hold while queued).
-    A refused request is retried text by text; a full queue is waited out (its Retry-After) for up to
-    `overload_wait_s` seconds; a deadline and the like end the whole file (Failure). The text layer
+    A refused request is retried text by text; each request waits in the scheduler's line for room in a
+    full queue for up to `queue_wait_s` seconds (as any HTTP request: TranslationCore.translate's
+    wait_until); past that, a deadline and the like end the whole file (Failure). The text layer
     leaves `_ & ~` alone here (accelerators=False): a catalog's accelerators are runtime.po_catalog's,
     and a text file is prose. `pair`: the (source, target) the texts are routed by (TranslationCore.route;
     empty: the default model)."""
@@ -272,21 +276,20 @@ async def translate_many(
     results: list[Hypothesis | None] = [None] * len(texts)
     slots = asyncio.Semaphore(PARALLEL_REQUESTS)
     parts: list[dict] = []  # each request's counters, summed into the file's log line
-    give_up = time.monotonic() + overload_wait_s
 
     async def ask(chunk: Sequence[str]) -> list[list[Hypothesis]]:
-        while True:
-            parts.append({})
-            try:
-                return await core.translate(
-                    chunk, options, request_id=request_id, stats=parts[-1], accelerators=False, **languages
-                )
-            except Failure as f:
-                # A full queue is a moment, not a verdict on the file: wait as the server asks, bounded.
-                pause = max(0.05, f.retry_after_ms / 1000)
-                if f.kind != OVERLOADED or time.monotonic() + pause > give_up:
-                    raise
-                await asyncio.sleep(pause)
+        parts.append({})
+        # A full queue is a moment, not a verdict on the file: the request waits in line for room.
+        wait_until = time.monotonic() + queue_wait_s
+        return await core.translate(
+            chunk,
+            options,
+            request_id=request_id,
+            stats=parts[-1],
+            accelerators=False,
+            wait_until=wait_until,
+            **languages,
+        )
 
     async def one(start: int, chunk: Sequence[str]) -> None:
         async with slots:
@@ -395,9 +398,14 @@ class FileTranslator:
     Owns the file workers (a bounded thread pool of its own), the queue share and the running msgfmt
     processes: a cancelled request kills its own, close() kills them all."""
 
-    def __init__(self, core: Any, limits: FileLimits | None = None) -> None:
+    def __init__(self, core: Any, limits: FileLimits | None = None, queue_wait_s: float = 30.0) -> None:
+        """queue_wait_s: how long a file waits for a slot (max_files in progress), and each of its
+        requests for room in a full queue, before it fails with OVERLOADED (the HTTP port's
+        HttpLimits.queue_wait_s)."""
         self.core = core
         self.limits = limits or FileLimits()
+        self.queue_wait_s = queue_wait_s
+        self.slots = QueueShare(self.limits.max_files)  # files in progress, first come first served
         self.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.limits.workers, thread_name_prefix="file-work"
         )
@@ -446,7 +454,8 @@ class FileTranslator:
         """A .po/.pot/.txt file's bytes -> its version in `pair`'s target (routed as TranslationCore.route
         does; empty: the default model's). With `detect_source` (source=auto), pair's source is what it
         returns for the file's texts, before any is translated. Failure(INVALID) for another kind, an
-        unserved pair or a file over the limits, Failure(OVERLOADED) when too many files are in progress."""
+        unserved pair or a file over the limits, Failure(OVERLOADED) when no slot frees within
+        queue_wait_s (or as many files wait for one as may be in progress)."""
         suffix = PurePath(name).suffix.lower()
         if suffix not in SUFFIXES:
             raise Failure(
@@ -458,12 +467,7 @@ class FileTranslator:
             _, pair = self.core.route(*pair)
         if self.closed:
             raise Failure(UNAVAILABLE, "the server is shutting down")
-        if len(self.active) >= self.limits.max_files:
-            raise Failure(
-                OVERLOADED,
-                f"{len(self.active)} files are being translated, the most at once; retry in a few seconds",
-                retry_after_ms=2000,
-            )
+        await self._take_slot()
         cancel = Cancellation()
         self.active.add(cancel)
         try:
@@ -474,6 +478,23 @@ class FileTranslator:
             return await self._text(cancel, data, name, options, request_id, stats, pair, detect_source)
         finally:
             self.active.discard(cancel)
+            self.slots.release(1)
+
+    async def _take_slot(self) -> None:
+        """One of the max_files slots, waited for in arrival order up to queue_wait_s; OVERLOADED past
+        that, or at once when as many files already wait."""
+        busy = Failure(
+            OVERLOADED,
+            f"{self.limits.max_files} files are being translated, the most at once; retry in a few seconds",
+            retry_after_ms=2000,
+        )
+        if self.slots.waiting >= self.limits.max_files:
+            raise busy
+        try:
+            async with asyncio.timeout(self.queue_wait_s):
+                await self.slots.acquire(1)
+        except TimeoutError:
+            raise busy from None
 
     async def _source(
         self, pair: tuple[str, str], texts: Sequence[str], detect_source: DetectSource | None
@@ -503,7 +524,7 @@ class FileTranslator:
         sources = [s for job in cat.jobs for s in job.sources]
         pair = await self._source(pair, sources, detect_source)
         best = await translate_many(
-            self.core, sources, options, request_id, stats, self.share, self.limits.overload_wait_s, pair
+            self.core, sources, options, request_id, stats, self.share, self.queue_wait_s, pair
         )
         return await self._call(cancel, _finish_catalog, cat, best, name, limits, cancel, pair[1])
 
@@ -523,7 +544,7 @@ class FileTranslator:
         lines, todo, bodies = await self._call(cancel, _split_text, data, name)
         pair = await self._source(pair, bodies, detect_source)
         best = await translate_many(
-            self.core, bodies, options, request_id, stats, self.share, self.limits.overload_wait_s, pair
+            self.core, bodies, options, request_id, stats, self.share, self.queue_wait_s, pair
         )
         left = []
         for i, body, hyp in zip(todo, bodies, best, strict=True):

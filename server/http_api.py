@@ -254,7 +254,7 @@ class HttpApi:
         self.shutdown_grace_s = shutdown_grace_s
         self.file_limits = file_limits or FileLimits()
         self.files = DownloadStore(self.file_limits.store_bytes, self.file_limits.ttl_s)
-        self.file_work = FileTranslator(translation, self.file_limits)
+        self.file_work = FileTranslator(translation, self.file_limits, self.limits.queue_wait_s)
         self.identifier = LanguageIdentifier()  # /detect and source=auto (server/detect.py), loaded lazily
         self.app = web.Application(
             client_max_size=self.limits.max_body_bytes, middlewares=[self._preflight, self._errors]
@@ -477,6 +477,17 @@ class HttpApi:
                 fields["error"] = message
             log.info("request", extra={"fields": fields})
 
+    async def _wait_for_model(self, timeout_ms: int = 0) -> float:
+        """Wait for capacity rather than answer 429/503 at once (docs/service.md "Waiting for
+        capacity"): LibreTranslate clients such as Weblate turn a service off for 30 minutes on either.
+        Returns until when the request may wait in line for room in a full queue (wait_until of
+        TranslationCore.translate); until then, or its timeout_ms if sooner, it waits for a model
+        still loading."""
+        wait_until = time.monotonic() + self.limits.queue_wait_s
+        until = min(wait_until, time.monotonic() + timeout_ms / 1000) if timeout_ms else wait_until
+        await self.core.wait_for_model(until)
+        return wait_until
+
     def _check_languages(self, params: dict[str, Any]) -> tuple[bool, tuple[str, str]]:
         """source/target routed by the shared path (server/translate.py route: the served pairs, codes
         as LibreTranslate clients send them, pt-BR / pt_BR / pt alike): whether the source was "auto",
@@ -584,6 +595,7 @@ class HttpApi:
         fmt = str(params.get("format") or "text")
         if fmt not in ("text", "html"):
             raise HttpError(400, f"Invalid request: format must be text or html, got {fmt!r}")
+        wait_until = await self._wait_for_model(int_param(params, "timeout_ms"))
         auto, pair = self._check_languages(params)
         if auto:  # the count is checked before the identifier reads the texts; lengths by the engine
             self.core.validate_texts(texts)
@@ -605,7 +617,15 @@ class HttpApi:
         deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms else None
         # format=html goes through the same path: the text layer keeps tags and entities as spans.
         results = await self.core.translate(
-            texts, options, (), deadline, request_id, stats, source_language=pair[0], target_language=pair[1]
+            texts,
+            options,
+            (),
+            deadline,
+            request_id,
+            stats,
+            source_language=pair[0],
+            target_language=pair[1],
+            wait_until=wait_until,
         )
         best = [hyps[0].text if hyps else "" for hyps in results]
         body: dict[str, Any] = {"translatedText": best if batch else best[0]}
@@ -631,6 +651,7 @@ class HttpApi:
             raise HttpError(400, "Invalid request: missing file parameter (a multipart file upload)")
         # Routed like /translate (an unserved pair is a 400 naming the served ones): the file is
         # translated by that pair's model and a catalog gets the target's Language and Plural-Forms.
+        await self._wait_for_model()
         auto, pair = self._check_languages(params)
         found: list[dict[str, Any]] = []  # source=auto: the file's detected language
 

@@ -53,7 +53,8 @@ def parse_origins(value: str) -> tuple[str, ...]:
 class HttpLimits:
     """The HTTP port's limits; the first four are settings (server/config.py: --http-header-timeout-s,
     --http-keepalive-timeout-s, --http-body-timeout-s, --http-max-connections), max_body_bytes is
-    --max-message-bytes, the rest are fixed."""
+    --max-message-bytes, cors_origins and queue_wait_s are --http-cors-origins and --http-queue-wait-s,
+    the rest are fixed."""
 
     header_timeout_s: float = 10.0  # request line + headers, from the connection or the request's first byte
     keepalive_timeout_s: float = 15.0  # an idle connection between requests
@@ -73,6 +74,9 @@ class HttpLimits:
     # else exact origins, lowercase (browsers send scheme and host lowercase).
     cors_origins: tuple[str, ...] = ()
     cors_max_age_s: int = 3600  # how long a browser may reuse a preflight's answer
+    # How long a request waits for room in a full queue or for a loading model (--http-queue-wait-s)
+    # before its 429 / 503: LibreTranslate clients (Weblate) turn a service off for 30 min on either.
+    queue_wait_s: float = 30.0
 
     @classmethod
     def from_config(cls, config: Any) -> HttpLimits:
@@ -83,6 +87,7 @@ class HttpLimits:
             max_connections=config.http_max_connections,
             max_body_bytes=config.max_message_bytes,
             cors_origins=parse_origins(config.http_cors_origins),
+            queue_wait_s=config.http_queue_wait_s,
         )
 
     def cors_origin(self, origin: str | None) -> str | None:

@@ -56,7 +56,15 @@ MODEL_METRICS = (
     "queue_capacity",
     "queue_tokens",
     "engine_errors",
+    "admission_wait",
+    "admissions",
+    "queue_waiters",
 )
+# Per-model metrics with labels of their own beyond `model` (their view binds `model` only).
+MULTI_LABEL_METRICS = ("segments", "admissions")
+# How a request that found the queue full ended (server/scheduler/queue.py); every series exists from the
+# start, so that rate() and alerts see a 0 rather than nothing.
+ADMISSION_OUTCOMES = ("admitted", "timed_out", "cancelled", "refused")
 
 
 class _ModelBound:
@@ -221,6 +229,36 @@ class Metrics:
             labelnames=MODEL_LABEL,
             registry=r,
         )
+        # Requests that found the queue full: HTTP ones wait in line for room (bounded), gRPC ones are
+        # refused at once; how long they waited shows whether the queue or the wait bound is too small.
+        self.families["admission_wait"] = Histogram(
+            "translator_admission_wait_seconds",
+            "Time a request waited in line for room in a full queue (HTTP API), whatever came of it.",
+            buckets=QUEUE_BUCKETS,
+            labelnames=MODEL_LABEL,
+            registry=r,
+        )
+        self.families["admissions"] = Counter(
+            "translator_admissions",
+            "Requests that found the queue full, by outcome: admitted (after waiting in line), "
+            "timed_out (429 after the wait bound), cancelled (the client left or its deadline passed "
+            "while waiting), refused (at once: gRPC, or the line of waiting requests was full).",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.families["queue_waiters"] = Gauge(
+            "translator_queue_waiting_requests",
+            "Requests waiting in line for room in a full queue.",
+            labelnames=MODEL_LABEL,
+            registry=r,
+        )
+        self.model_wait = Histogram(
+            "translator_model_wait_seconds",
+            "Time HTTP requests that arrived while the models were loading waited for them (served or "
+            "refused with 503 at the wait bound).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.families["engine_errors"] = Counter(
             "translator_engine_errors",
             "Engine batches that raised an error.",
@@ -249,13 +287,15 @@ class Metrics:
 
     def _bind(self, name: str, model: str) -> Any:
         family = self.families[name]
-        return _ModelBound(family, model) if name == "segments" else family.labels(model=model)
+        return _ModelBound(family, model) if name in MULTI_LABEL_METRICS else family.labels(model=model)
 
     def for_model(self, model: str) -> Metrics:
         """This registry's metrics with the per-model ones bound to `model` (for its scheduler)."""
         view = copy.copy(self)
         for name in MODEL_METRICS:
             setattr(view, name, self._bind(name, model))
+        for outcome in ADMISSION_OUTCOMES:
+            view.admissions.labels(outcome=outcome)
         return view
 
     def set_model(self, **info: Any) -> None:

@@ -11,6 +11,7 @@ status codes (gRPC status, HTTP status). Nothing here touches ONNX or a wire for
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Sequence
@@ -122,6 +123,10 @@ class TranslationCore:
         self.max_queue_segments = max_queue_segments
         self.backends: tuple[Backend, ...] = ()  # every loaded model, in the store's order
         self.unavailable_reason = "the model is loading; retry shortly"
+        # Until the models are served, or will not be (`cannot_serve`): requests may wait for them
+        # (`wait_for_model`) rather than get UNAVAILABLE for a model ready in a second.
+        self.loading = True
+        self._settled = asyncio.Event()
 
     @property
     def backend(self) -> Backend | None:
@@ -135,6 +140,33 @@ class TranslationCore:
     @backend.setter
     def backend(self, value: Backend | None) -> None:
         self.backends = () if value is None else (value,)
+        if value is not None:
+            self._settle()
+
+    def _settle(self) -> None:
+        self.loading = False
+        self._settled.set()
+
+    def cannot_serve(self, reason: str) -> None:
+        """No model is coming (it failed to load) or the server stops: requests without a model get
+        UNAVAILABLE with `reason`, those waiting for one at once."""
+        self.unavailable_reason = reason
+        self._settle()
+
+    async def wait_for_model(self, until: float) -> None:
+        """While the models load, wait for them until `until` (time.monotonic()); returns when they
+        are served, at `until`, or at once when none is coming (`route` then raises UNAVAILABLE). The
+        HTTP transport waits: LibreTranslate clients such as Weblate treat a 503 as an outage."""
+        if not self.loading or self.backends:
+            return
+        start = time.monotonic()
+        try:
+            async with asyncio.timeout(max(0.0, until - start)):
+                await self._settled.wait()
+        except TimeoutError:
+            pass
+        finally:
+            self.metrics.model_wait.observe(time.monotonic() - start)
 
     def set_backends(self, backends: Sequence[Backend]) -> None:
         """Serve these models; a pair served by two of them is a configuration error (ValueError)."""
@@ -153,6 +185,8 @@ class TranslationCore:
                     )
                 seen[key] = b
         self.backends = tuple(backends)
+        if self.backends:
+            self._settle()
 
     @property
     def pairs(self) -> list[Pair]:
@@ -211,11 +245,14 @@ class TranslationCore:
         accelerators: bool = True,
         source_language: str = "",
         target_language: str = "",
+        wait_until: float | None = None,
     ) -> list[list[Hypothesis]]:
         """One n-best list per text (best first, after the text layer); raises Failure.
         `deadline` is time.monotonic() based; `stats` receives the request's counters for the log;
         `accelerators`: the text layer moves menu accelerators (False for files: see server.files);
-        `source_language` / `target_language`: the pair, routed by `route` ("" = the default)."""
+        `source_language` / `target_language`: the pair, routed by `route` ("" = the default);
+        `wait_until` (time.monotonic()): a full queue is waited out in line until then (Scheduler.run)
+        instead of failing at once with OVERLOADED."""
         stats = {} if stats is None else stats
         backend, _ = self.route(source_language, target_language)
         if len(self.backends) > 1:
@@ -223,7 +260,7 @@ class TranslationCore:
         start = time.monotonic()
         try:
             return await self._translate(
-                backend, texts, options, glossary, deadline, request_id, stats, accelerators
+                backend, texts, options, glossary, deadline, request_id, stats, accelerators, wait_until
             )
         finally:
             # Per model, whatever the outcome: what a flood on one model does to the others' latency.
@@ -241,6 +278,7 @@ class TranslationCore:
         request_id: str,
         stats: dict,
         accelerators: bool,
+        wait_until: float | None = None,
     ) -> list[list[Hypothesis]]:
         engine = backend.engine
         self.validate_texts(texts)
@@ -258,7 +296,7 @@ class TranslationCore:
         stats["queue_ms"] = stats["decode_ms"] = 0.0
         step: Prepared | list[list[Hypothesis]] = prepared
         while isinstance(step, Prepared):  # the text layer's rounds (a second one re-translates)
-            job = await self._run(backend, step, deadline, request_id, stats)
+            job = await self._run(backend, step, deadline, request_id, stats, wait_until)
             step = engine.finish(step, job.results)
         for hyps in step:
             for note in hyps[0].notes if hyps else ():
@@ -266,9 +304,16 @@ class TranslationCore:
         return step
 
     async def _run(
-        self, backend: Backend, prepared: Prepared, deadline: float | None, request_id: str, stats: dict
+        self,
+        backend: Backend,
+        prepared: Prepared,
+        deadline: float | None,
+        request_id: str,
+        stats: dict,
+        wait_until: float | None = None,
     ) -> Job:
-        """One round of segments through the scheduler; raises Failure."""
+        """One round of segments through the scheduler (waiting in line for room until `wait_until`);
+        raises Failure."""
         stats["segments"] += len(prepared.segments)
         stats["input_tokens"] += sum(prepared.token_counts)
         if len(prepared.segments) > self.max_queue_segments:
@@ -284,8 +329,9 @@ class TranslationCore:
             deadline=deadline,
             request_id=request_id,
         )
+        wait_s = 0.0 if wait_until is None else max(0.0, wait_until - time.monotonic())
         try:
-            await backend.scheduler.run(job)
+            await backend.scheduler.run(job, wait_s)
         except QueueFullError as e:
             raise Failure(OVERLOADED, str(e), e.retry_after_ms) from None
         except RequestCancelled as e:

@@ -6,7 +6,6 @@ test puts a stand-in first on PATH."""
 
 from __future__ import annotations
 
-import asyncio
 import email.message
 import io
 import os
@@ -27,8 +26,6 @@ from client import po as po_cli
 from client.load import free_port
 from runtime.po_catalog import CatalogError, read_catalog
 from server.config import load_config
-from server.files import translate_many
-from server.translate import OVERLOADED, Failure, OptionRequest
 from tests.fake_engine import FakeEngine
 from tests.http_helpers import call, upload
 
@@ -449,31 +446,6 @@ def test_files_keep_most_of_the_queue_free(http):
     sampler.join(5)
     assert statuses == [200] * 5
     assert peak[0] <= 1024 * 0.125, peak[0]
-
-
-class _StubCore:
-    max_texts = 64
-    max_queue_segments = 1024
-
-    def __init__(self, full_times: int) -> None:
-        self.full_times = full_times
-        self.calls = 0
-
-    async def translate(self, texts, options, request_id, stats, accelerators):
-        self.calls += 1
-        if self.calls <= self.full_times:
-            raise Failure(OVERLOADED, "the queue is full", retry_after_ms=50)
-        return [[types.SimpleNamespace(text=t[::-1])] for t in texts]
-
-
-def test_a_full_moment_makes_a_file_wait_not_fail():
-    core = _StubCore(full_times=2)
-    out = asyncio.run(translate_many(core, ["ab", "cd"], OptionRequest(), "id", {}, overload_wait_s=5))
-    assert [h.text for h in out] == ["ba", "dc"] and core.calls == 3
-    started = time.monotonic()
-    with pytest.raises(Failure) as failed:
-        asyncio.run(translate_many(_StubCore(10**6), ["ab"], OptionRequest(), "id", {}, overload_wait_s=0.3))
-    assert failed.value.kind == OVERLOADED and time.monotonic() - started < 3
 
 
 # ---- 11. a malformed catalog -------------------------------------------------------------------------

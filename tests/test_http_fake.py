@@ -196,14 +196,17 @@ def test_a_model_pair_without_a_display_name_shows_its_code(http):
     }
 
 
-def test_while_the_model_loads_everything_answers_503(server_loop, fake_bundle):
+def test_while_the_model_loads_past_the_wait_bound_everything_answers_503(server_loop, fake_bundle):
+    """A model still loading when a request's wait bound ends: 503 (tests/test_http_waiting.py: one
+    that loads within it is waited for)."""
     gate = threading.Event()
 
     def slow_load(bundle_dir, config):
         gate.wait(30)
         return FakeEngine(step_s=0)
 
-    server = RunningServer(server_loop, base_config(fake_bundle, warmup=False, http_port=free_port()))
+    config = base_config(fake_bundle, warmup=False, http_port=free_port(), http_queue_wait_s=0.2)
+    server = RunningServer(server_loop, config)
     server.server.engine_factory = slow_load
     server.start(wait_ready=False)
     try:
@@ -223,7 +226,15 @@ def test_while_the_model_loads_everything_answers_503(server_loop, fake_bundle):
 
 def test_engine_failure_is_500_and_queue_full_is_429_with_retry_after(http):
     engine = GatedEngine(step_s=0, fail_on="boom")
-    server = http(engine, batching_mode="request", max_wait_ms=0, max_queue_segments=40, max_texts=40)
+    # http_queue_wait_s=0: a full queue is a 429 at once (tests/test_http_waiting.py: the waiting).
+    server = http(
+        engine,
+        batching_mode="request",
+        max_wait_ms=0,
+        max_queue_segments=40,
+        max_texts=40,
+        http_queue_wait_s=0,
+    )
     status, _, body = call(server, "translate", {"q": "boom", "source": "en", "target": "es"})
     assert (status, body) == (500, {"error": "translation failed: fake engine failure on 'boom'"})
     assert server.total("translator_requests_total", code="INTERNAL", transport="http") == 1

@@ -41,6 +41,10 @@ EXPECTED = {
     "translator_queue_capacity_segments": "gauge",
     "translator_queue_tokens": "gauge",
     "translator_engine_errors": "counter",
+    "translator_admission_wait_seconds": "histogram",
+    "translator_admissions": "counter",
+    "translator_queue_waiting_requests": "gauge",
+    "translator_model_wait_seconds": "histogram",
     "translator_model_info": "gauge",
     "translator_ready": "gauge",
 }

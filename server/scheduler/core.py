@@ -1,6 +1,8 @@
 """The Scheduler facade: one queue, one engine worker thread, and the batching strategy it runs.
 
-Callers (the gRPC handlers) `submit` or `run` jobs and `cancel` them; the worker thread runs the
+Callers (the transports, through server.translate) `submit` or `run` jobs and `cancel` them; `run`
+may wait a bounded time in line for room in a full queue (the HTTP transport does: see
+`queue.SegmentQueue.admit`); the worker thread runs the
 strategy the mode picks (`request_level.RequestLevelBatching` for "request" and "off",
 `inflight.InFlightBatching` for "inflight") over the shared `queue.SegmentQueue`.
 """
@@ -68,14 +70,17 @@ class Scheduler:
         max_running_tokens: int = 16384,
         max_running_rows: int = 64,
         max_admit_wait_steps: int = 16,
+        max_queue_waiters: int = 0,
     ) -> None:
         """mode: "request" (default; "off" when batching is False) or "inflight" (needs an engine whose
-        `supports_inflight`; falls back to "request" with a warning when the bundle is too old)."""
+        `supports_inflight`; falls back to "request" with a warning when the bundle is too old).
+        max_queue_waiters: requests that may wait in line for room when the queue is full (`run`'s
+        `wait_s`); past it they get QueueFullError at once."""
         self.engine = engine
         self.metrics = metrics
         self.mode = effective_mode(engine, mode or ("request" if batching else "off"))
         self.batching = self.mode != "off"
-        self.queue = SegmentQueue(metrics, max_queue_segments)
+        self.queue = SegmentQueue(metrics, max_queue_segments, max_queue_waiters)
         self.strategy: BatchingStrategy
         if self.mode == "inflight":
             self.strategy = InFlightBatching(
@@ -107,9 +112,16 @@ class Scheduler:
         SchedulerError. Raises QueueFullError at once when the queue cannot take the segments."""
         return self.queue.submit(job)
 
-    async def run(self, job: Job) -> Job:
-        """Submit and wait; cancellation of the awaiting task or the deadline drops the job."""
-        fut = self.submit(job)
+    async def run(self, job: Job, wait_s: float = 0.0) -> Job:
+        """Submit and wait; cancellation of the awaiting task or the deadline drops the job. `wait_s`:
+        how long a job that finds the queue full may wait in line for room (`SegmentQueue.admit`;
+        0: QueueFullError at once, the gRPC transport's choice)."""
+        try:
+            fut = await self.queue.admit(job, wait_s)
+        except asyncio.CancelledError:
+            # Cancelled in line, or just as room came (its segments are queued then): drop them.
+            self.cancel(job, job.cancel_reason_at(time.monotonic()))
+            raise
         timeout = None if job.deadline is None else max(0.0, job.deadline - time.monotonic())
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)

@@ -1,14 +1,16 @@
 """The scheduler's one queue: where segments wait, and where their results and errors go.
 
-Shared by both batching strategies (`request_level`, `inflight`): admission limit (``max_queue_segments``)
-and retry hints, purging of cancelled and expired jobs, resolving each job's future exactly once from
-any thread, routing one segment's result to its job, and the metrics of all that. The strategies hold
-``cond`` while they look at or take from ``segments``.
+Shared by both batching strategies (`request_level`, `inflight`): admission limit (``max_queue_segments``),
+the line of requests that wait for room in a full queue (``max_waiters``, `admit`), retry hints, purging
+of cancelled and expired jobs, resolving each job's future exactly once from any thread, routing one
+segment's result to its job, and the metrics of all that. The strategies hold ``cond`` while they look at
+or take from ``segments``; whatever frees room (`take`, `purge`, `finish`) lets the line in, in order.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import math
 import threading
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from server.contract import Hypothesis
 from server.scheduler.jobs import (
+    DEADLINE_SLACK_S,
     Job,
     QueueFullError,
     RequestCancelled,
@@ -30,12 +33,48 @@ if TYPE_CHECKING:
     from server.metrics import Metrics
 
 
-class SegmentQueue:
-    """Queued segments in arrival order, guarded by ``cond``; results routed back to each job's future."""
+def _resolve_soon(future: asyncio.Future, error: BaseException | None, result: object = None) -> None:
+    """Resolve an asyncio future from any thread, on its own loop, once (nothing when the loop is
+    closed: nobody is waiting any more)."""
 
-    def __init__(self, metrics: Metrics | None, max_segments: int) -> None:
+    def resolve() -> None:
+        if future.done():
+            return
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+    try:
+        future.get_loop().call_soon_threadsafe(resolve)
+    except RuntimeError:  # loop closed
+        pass
+
+
+class _Waiter:
+    """A job waiting in line for room; `granted` is set under the queue's lock when it leaves the line
+    (queued, or the queue stopped), and `granted_future` then resolves on the job's loop."""
+
+    __slots__ = ("job", "granted_future", "granted")
+
+    def __init__(self, job: Job, future: asyncio.Future) -> None:
+        self.job = job
+        self.granted_future = future
+        self.granted = False
+        # An abandoned waiter's SchedulerStopped is never read: mark it retrieved.
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+
+class SegmentQueue:
+    """Queued segments in arrival order, guarded by ``cond``; results routed back to each job's future.
+    ``max_waiters``: requests that may wait in line for room when the queue is full (`admit`; 0: none,
+    every full queue is an immediate QueueFullError)."""
+
+    def __init__(self, metrics: Metrics | None, max_segments: int, max_waiters: int = 0) -> None:
         self.metrics = metrics
         self.max_segments = max_segments
+        self.max_waiters = max_waiters
+        self._line: collections.deque[_Waiter] = collections.deque()  # FIFO, guarded by cond
         self.segments: list[Segment] = []  # arrival order
         self.tokens = 0  # source tokens of the queued segments
         self.cond = threading.Condition()
@@ -52,7 +91,65 @@ class SegmentQueue:
 
     def submit(self, job: Job) -> asyncio.Future:
         """Queue a job's segments; returns a future resolved with the job (results filled) or a
-        SchedulerError. Raises QueueFullError at once when the queue cannot take the segments."""
+        SchedulerError. Raises QueueFullError at once when the queue cannot take the segments now (or
+        requests wait in line for room before it: they come first)."""
+        future = self._attach(job)
+        if job.done:
+            return future
+        with self.cond:
+            if not self._take_now(job):
+                self.count_admission("refused")
+                raise QueueFullError(len(self.segments), self.max_segments, self.retry_after_ms())
+        return future
+
+    async def admit(self, job: Job, wait_s: float) -> asyncio.Future:
+        """`submit`, but a job that finds the queue full waits in line (first come, first served) for
+        room, up to `wait_s` seconds and never past its deadline. QueueFullError at once when the line
+        is full (`max_waiters`) or `wait_s` is 0, and after `wait_s` without room; RequestCancelled
+        ("deadline") when the deadline ends the wait. A caller cancelled while in line leaves it; one
+        cancelled as room came has its segments queued (Scheduler.run drops them)."""
+        future = self._attach(job)
+        if job.done:
+            return future
+        now = time.monotonic()
+        if job.deadline is not None:
+            wait_s = min(wait_s, job.deadline - now)
+        with self.cond:
+            if self._take_now(job):
+                return future
+            if wait_s <= 0 or len(self._line) >= self.max_waiters:
+                self.count_admission("refused")
+                raise QueueFullError(len(self.segments), self.max_segments, self.retry_after_ms())
+            waiter = _Waiter(job, asyncio.get_running_loop().create_future())
+            self._line.append(waiter)
+            self._line_gauge()
+        try:
+            async with asyncio.timeout(wait_s):
+                await waiter.granted_future
+        except (TimeoutError, asyncio.CancelledError) as e:
+            with self.cond:
+                granted = waiter.granted
+                if not granted:
+                    self._line.remove(waiter)
+                    self._grant()  # the head leaving may let the next ones in
+                    self._line_gauge()
+            if not granted:
+                expired = job.expired(time.monotonic() + DEADLINE_SLACK_S)
+                gone = isinstance(e, asyncio.CancelledError)
+                self._waited(now, "cancelled" if gone or expired else "timed_out")
+                if gone:
+                    raise
+                if expired:
+                    raise RequestCancelled("deadline") from None
+                raise QueueFullError(len(self.segments), self.max_segments, self.retry_after_ms()) from None
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            # else the timeout fired as room came: the job is queued
+        self._waited(now, "admitted")
+        return future
+
+    def _attach(self, job: Job) -> asyncio.Future:
+        """Give the job its future on the running loop; a job without texts is resolved at once."""
         loop = asyncio.get_running_loop()
         job._loop, job._future = loop, loop.create_future()
         # An abandoned waiter (cancelled, timed out) leaves the error unread: mark it retrieved.
@@ -63,24 +160,69 @@ class SegmentQueue:
         if n == 0:
             job.done, job.finished_at = True, time.monotonic()
             job._future.set_result(job)
-            return job._future
-        with self.cond:
-            if self.stopping:
-                raise SchedulerStopped("server is shutting down")
-            if len(self.segments) + n > self.max_segments:
-                raise QueueFullError(len(self.segments), self.max_segments, self.retry_after_ms())
-            now = time.monotonic()
-            for i in range(n):
-                self.segments.append(Segment(job, i, next(self._seq), now))
-            self.tokens += job.input_tokens
-            self.update_gauges()
-            self.cond.notify()
         return job._future
 
+    def _take_now(self, job: Job) -> bool:
+        """Queue the job's segments if they fit and nobody waits in line before it (lock held)."""
+        if self.stopping:
+            raise SchedulerStopped("server is shutting down")
+        if self._line or len(self.segments) + len(job.texts) > self.max_segments:
+            return False
+        self._enqueue(job)
+        return True
+
+    def _enqueue(self, job: Job) -> None:
+        """Append a job's segments (lock held) and wake the worker."""
+        now = time.monotonic()
+        for i in range(len(job.texts)):
+            self.segments.append(Segment(job, i, next(self._seq), now))
+        self.tokens += job.input_tokens
+        self.update_gauges()
+        self.cond.notify()
+
+    def _grant(self) -> None:
+        """Queue the jobs at the head of the line while they fit (lock held; any thread): room goes to
+        the longest waiting first, and nobody behind a job that does not fit yet overtakes it."""
+        while self._line and not self.stopping:
+            waiter = self._line[0]
+            if not waiter.job.done and len(self.segments) + len(waiter.job.texts) > self.max_segments:
+                return
+            self._line.popleft()
+            waiter.granted = True
+            if not waiter.job.done:  # a job cancelled in line is resolved already: nothing to queue
+                self._enqueue(waiter.job)
+            _resolve_soon(waiter.granted_future, None)
+        self._line_gauge()
+
+    def _waited(self, since: float, outcome: str) -> None:
+        """A request's wait in line ended: how long, and how (admitted, timed_out, cancelled)."""
+        self.count_admission(outcome)
+        if self.metrics is not None:
+            self.metrics.admission_wait.observe(time.monotonic() - since)
+
+    def count_admission(self, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.admissions.labels(outcome=outcome).inc()
+
+    def _line_gauge(self) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_waiters.set(len(self._line))
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting in line for room."""
+        return len(self._line)
+
     def stop(self) -> None:
-        """No more submissions; the worker finishes what is queued."""
+        """No more submissions; the worker finishes what is queued, and requests waiting in line for
+        room get SchedulerStopped."""
         with self.cond:
             self.stopping = True
+            line, self._line = list(self._line), collections.deque()
+            for waiter in line:
+                waiter.granted = True  # resolved: it leaves with the error below
+                _resolve_soon(waiter.granted_future, SchedulerStopped("server is shutting down"))
+            self._line_gauge()
             self.cond.notify_all()
 
     # ---- bookkeeping (any thread) -----------------------------------------------------------------
@@ -135,6 +277,7 @@ class SegmentQueue:
         if removed:
             self.segments = kept
             self.tokens = sum(s.tokens for s in kept)
+            self._grant()
             self.update_gauges()
         return removed
 
@@ -150,22 +293,8 @@ class SegmentQueue:
             self.count("dropped_" + error.reason, removed)
         elif error is not None:
             self.count("failed", removed)
-        loop, fut = job._loop, job._future
-        if loop is None or fut is None:
-            return
-
-        def resolve() -> None:
-            if fut.done():
-                return
-            if error is None:
-                fut.set_result(job)
-            else:
-                fut.set_exception(error)
-
-        try:
-            loop.call_soon_threadsafe(resolve)
-        except RuntimeError:  # loop closed: nobody is waiting any more
-            pass
+        if job._future is not None:
+            _resolve_soon(job._future, error, job)
 
     def fail(self, segments: Sequence[Segment], error: SchedulerError) -> None:
         """Count the segments as failed and resolve their jobs with `error`."""
@@ -186,6 +315,7 @@ class SegmentQueue:
             return []
         self.segments = [s for s in self.segments if s.job not in dead]
         self.tokens = sum(s.tokens for s in self.segments)
+        self._grant()
         self.update_gauges()
         to_finish = []
         for job, n in dead.items():
@@ -200,6 +330,7 @@ class SegmentQueue:
         chosen = set(map(id, segments))
         self.segments = [s for s in self.segments if id(s) not in chosen]
         self.tokens -= sum(s.tokens for s in segments)
+        self._grant()
 
     def requeue(self, segments: Sequence[Segment]) -> None:
         """Put preempted segments back at their arrival places (lock held)."""
