@@ -8,7 +8,8 @@
 # Stages:
 #   build        installs the project with the part of its `train` extra the export needs (PyTorch CPU
 #                wheel, onnx, safetensors, sacrebleu) and exports the shipped checkpoint
-#                models/$MODEL_NAME to an ONNX bundle. PyTorch lives only here.
+#                models in models/ (every one, or those MODELS names) to ONNX bundles in /bundles/.
+#                PyTorch lives only here.
 #   runtime-gpu  CUDA + cuDNN base, Python 3.11, `pip install .` then onnxruntime swapped for
 #                onnxruntime-gpu of the same version (deploy/build/constraints.txt), the bundle.
 #   runtime      python:3.11-slim, `pip install .` (the runtime dependencies of pyproject.toml and
@@ -37,7 +38,8 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG PIP_INDEX_URL=
 ARG PIP_EXTRA_INDEX_URL=
 ARG PIP_TRUSTED_HOST=
-ARG MODEL_NAME=en-es-small
+# The shipped models to export (names in models/, space-separated); empty = every one there.
+ARG MODELS=
 ARG EXPORT_VARIANTS=fp32,int8
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     PATH=/opt/venv/bin:$PATH
@@ -68,12 +70,15 @@ COPY client/ client/
 RUN --mount=type=bind,source=deploy/build,target=/mnt/build --mount=type=secret,id=pip-ca \
     . /mnt/build/pip-env.sh \
  && pip install --no-deps --force-reinstall .
-COPY models/${MODEL_NAME}/ models/${MODEL_NAME}/
-RUN python -m export --checkpoint "models/${MODEL_NAME}" --out "/bundles/${MODEL_NAME}" --variants "${EXPORT_VARIANTS}"
+COPY models/ models/
+RUN names="${MODELS}"; \
+    if [ -z "$names" ]; then for m in models/*/model.safetensors; do names="$names $(basename "$(dirname "$m")")"; done; fi; \
+    for name in $names; do \
+      python -m export --checkpoint "models/${name}" --out "/bundles/${name}" --variants "${EXPORT_VARIANTS}" || exit 1; \
+    done
 
 # ---- runtime-gpu: CUDA + onnxruntime-gpu ----------------------------------------------------------
 FROM ${CUDA_IMAGE} AS runtime-gpu
-ARG MODEL_NAME=en-es-small
 ARG PIP_INDEX_URL=
 ARG PIP_EXTRA_INDEX_URL=
 ARG PIP_TRUSTED_HOST=
@@ -114,7 +119,7 @@ RUN groupadd --system --gid 10001 translator \
       --shell /usr/sbin/nologin translator
 COPY --from=build /bundles/ /opt/translator/bundles/
 COPY deploy/healthcheck.py /opt/translator/healthcheck.py
-ENV TRANSLATOR_MODEL_DIR=/opt/translator/bundles/${MODEL_NAME} \
+ENV TRANSLATOR_MODEL_DIR=/opt/translator/bundles \
     TRANSLATOR_BUNDLES_DIR=/opt/translator/bundles \
     TRANSLATOR_HOST=0.0.0.0 \
     TRANSLATOR_PORT=50051 \
@@ -136,7 +141,6 @@ ENTRYPOINT ["python", "-m", "server"]
 
 # ---- runtime: CPU (default target) ----------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime
-ARG MODEL_NAME=en-es-small
 ARG PIP_INDEX_URL=
 ARG PIP_EXTRA_INDEX_URL=
 ARG PIP_TRUSTED_HOST=
@@ -169,12 +173,12 @@ RUN groupadd --system --gid 10001 translator \
       --shell /usr/sbin/nologin translator
 COPY --from=build /bundles/ /opt/translator/bundles/
 COPY deploy/healthcheck.py /opt/translator/healthcheck.py
-# The bundle is baked in (the image's model store is /opt/translator/bundles); TRANSLATOR_MODEL_DIR can
-# point at a mounted bundle instead. The server serves bundles only: a checkpoint dir fails the start
+# The bundles are baked in (the image's model store is /opt/translator/bundles, all of it served, the
+# default model en-es-small first); TRANSLATOR_MODEL_DIR can point at one bundle or a mounted one instead. The server serves bundles only: a checkpoint dir fails the start
 # with the `python -m export` command to run (exporting needs torch, which only the build stage has).
 # Drain delay + shutdown grace (1 + 7 s) fit the engines' default stop timeout of 10 s, so a plain
 # `docker stop` / `podman stop` drains cleanly; compose raises both with stop_grace_period 30s.
-ENV TRANSLATOR_MODEL_DIR=/opt/translator/bundles/${MODEL_NAME} \
+ENV TRANSLATOR_MODEL_DIR=/opt/translator/bundles \
     TRANSLATOR_BUNDLES_DIR=/opt/translator/bundles \
     TRANSLATOR_HOST=0.0.0.0 \
     TRANSLATOR_PORT=50051 \

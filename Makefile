@@ -13,14 +13,15 @@ RUN ?= runs/$(notdir $(MODEL))
 # The tokenizer `make train` trains with: the shipped one unless told (see `make tokenizer`).
 TOKENIZER ?= $(MODEL)/tokenizer.model
 
-.PHONY: help install system-deps run serve bundle corpus data-check tokenizer train release average keep-terms memory lexicon tune-decoding evaluate model-card model bench bench-batching gpu-check gpu-pack proto lint test stack-test fuzz soak mutation clean
+.PHONY: help install system-deps run serve bundle bundles corpus data-check tokenizer train release average keep-terms memory lexicon tune-decoding evaluate model-card model bench bench-batching gpu-check gpu-pack proto lint test stack-test fuzz soak mutation clean
 
 # Every target, one line each (tests/test_cli.py checks that none is missing).
 help:
 	@echo "Serve and use:"
-	@echo "  make run             serve the shipped English->Spanish model: gRPC :50051, HTTP + web page :5000, metrics :8000"
+	@echo "  make run             serve the shipped models (English->Spanish first): gRPC :50051, HTTP + web page :5000, metrics :8000"
 	@echo "                       (installs .venv and exports $(BUNDLE)/ on first use); make serve is the same"
 	@echo "  make bundle          export $(MODEL) to the ONNX bundle $(BUNDLE)/ (only when the model changed)"
+	@echo "  make bundles         export every model of models/ to its bundle in bundles/ (make run does)"
 	@echo "  make install         create .venv/ with the package and its train + dev extras (pyproject.toml)"
 	@echo "  make system-deps     apt-get install prometheus, apertium, nginx, docker-compose, gettext, chromium, hunspell-es, nodejs, npm (tests; root)"
 	@echo "Develop:"
@@ -89,12 +90,17 @@ $(BUNDLE)/manifest.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(MODEL
 
 bundle: $(BUNDLE)/manifest.json
 
+# Every model shipped in models/, each to its bundle: what `make run` serves (server/store.py).
+SHIPPED_MODELS := $(patsubst models/%/model.safetensors,%,$(wildcard models/*/model.safetensors))
+bundles: install
+	@for m in $(SHIPPED_MODELS); do $(MAKE) --no-print-directory bundle MODEL=models/$$m BUNDLE=bundles/$$m || exit 1; done
+
 # TRANSLATOR_MODEL_DIR, TRANSLATOR_HOST, TRANSLATOR_PORT, TRANSLATOR_METRICS_PORT (and the other
 # TRANSLATOR_* variables) are read by the server itself; `make run` turns the HTTP API and web page on
 # at :5000 unless TRANSLATOR_HTTP_PORT says otherwise (0 = off). The server serves bundles only and never
 # exports (server/store.py), so without TRANSLATOR_MODEL_DIR the bundle is (re-)exported here first.
 run serve: install
-	@if [ -z "$$TRANSLATOR_MODEL_DIR" ]; then $(MAKE) --no-print-directory bundle; fi
+	@if [ -z "$$TRANSLATOR_MODEL_DIR$$TRANSLATOR_MODELS" ]; then $(MAKE) --no-print-directory bundles; fi
 	TRANSLATOR_HTTP_PORT=$${TRANSLATOR_HTTP_PORT:-5000} $(PY) -m server
 
 # lt-print (Debian's lttoolbox-dev) reads Apertium's compiled bilingual dictionary, one of the sources.

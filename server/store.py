@@ -5,8 +5,10 @@ nothing else:
 
 * --model-dir / TRANSLATOR_MODEL_DIR set: that bundle, as it is;
 * not set: <bundles-dir>/en-es-small (--bundles-dir / TRANSLATOR_BUNDLES_DIR, default <repo>/bundles),
-  the bundle `make bundle` exports from the shipped checkpoint models/en-es-small. When that checkpoint
-  is in the checkout, the bundle must exist and be at least as new as its weights (model.safetensors).
+  the bundle `make bundle` exports from the shipped checkpoint models/en-es-small, and beside it the
+  bundle of every other model shipped in models/ (models/en-fr-small -> <bundles-dir>/en-fr-small;
+  `make run` exports them all). When a checkpoint is in the checkout, its bundle must exist and be at
+  least as new as its weights (model.safetensors).
 
 Several models (docs/service.md, "Several models"): --models / TRANSLATOR_MODELS (comma-separated bundle
 dirs, or names of bundles in the bundles dir) serves those; a --model-dir that is not a bundle but holds
@@ -125,11 +127,26 @@ def bundle_pairs(bundle: Path) -> tuple[tuple[str, str], ...]:
         raise StoreError(f"{bundle / MANIFEST}: {e}") from e
 
 
+def _default_first(path: Path) -> tuple[bool, str]:
+    """Sort key: the default model (en-es-small, which serves requests that name no pair) first, then by
+    name."""
+    return (path.name != DEFAULT_MODEL_NAME, path.name)
+
+
 def store_bundles(path: Path) -> list[Path]:
-    """The bundles in the subdirectories of `path`, by name; [] when it holds none."""
+    """The bundles in the subdirectories of `path`, the default model first, then by name; [] when it
+    holds none."""
     if not path.is_dir():
         return []
-    return sorted((p for p in path.iterdir() if p.is_dir() and is_bundle(p)), key=lambda p: p.name)
+    return sorted((p for p in path.iterdir() if p.is_dir() and is_bundle(p)), key=_default_first)
+
+
+def shipped_checkpoints(models_dir: Path) -> list[Path]:
+    """The checkpoints in the subdirectories of `models_dir` (the repository's models/), the default
+    model first, then by name."""
+    if not models_dir.is_dir():
+        return []
+    return sorted((p for p in models_dir.iterdir() if p.is_dir() and is_checkpoint(p)), key=_default_first)
 
 
 def resolve_bundles(
@@ -139,7 +156,9 @@ def resolve_bundles(
     checkpoint: Path = DEFAULT_CHECKPOINT_DIR,
 ) -> list[Path]:
     """The bundle dirs to serve, in order: `models` (comma-separated paths or names in `bundles_dir`),
-    else every bundle under a `model_dir` that is a store of bundles, else `resolve_bundle`'s one."""
+    else every bundle under a `model_dir` that is a store of bundles, else `resolve_bundle`'s one; with
+    neither set, the bundle of every checkpoint shipped beside `checkpoint` (models/*: each must be
+    exported and fresh, as the default one must), the default model first."""
     root = Path(bundles_dir) if bundles_dir else DEFAULT_BUNDLES_DIR
     names = [m.strip() for m in models.split(",") if m.strip()]
     if names:
@@ -156,6 +175,10 @@ def resolve_bundles(
         found = store_bundles(Path(model_dir))
         if found:
             return found
+    if not model_dir and is_checkpoint(checkpoint):
+        others = [c for c in shipped_checkpoints(checkpoint.parent) if c.name != checkpoint.name]
+        shipped = [checkpoint, *others]
+        return [_default_bundle(root / c.name, c) for c in shipped]
     return [resolve_bundle(model_dir, bundles_dir, checkpoint)]
 
 

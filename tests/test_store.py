@@ -87,4 +87,27 @@ def test_the_shipped_model_is_exported_with_make_bundle(tmp_path, monkeypatch):
     # The Makefile's bundle target is that same export.
     makefile = (store.REPO_ROOT / "Makefile").read_text()
     assert "$(PY) -m export --checkpoint $(MODEL) --out $(BUNDLE)" in makefile
-    assert "MODEL ?= models/en-es-small" in makefile and "BUNDLE ?= bundles/en-es-small" in makefile
+    assert "CORPUS_LANG ?= es\n" in makefile and "MODEL ?= models/en-$(CORPUS_LANG)-small\n" in makefile
+    assert "BUNDLE ?= bundles/$(notdir $(MODEL))\n" in makefile  # so: models/en-es-small, bundles/en-es-small
+
+
+def test_every_shipped_model_is_served_the_default_first(tmp_path):
+    models, root = tmp_path / "models", tmp_path / "bundles"
+    default = make_checkpoint(models / "en-es-small")
+    french = make_checkpoint(models / "en-fr-small")
+    german = make_checkpoint(models / "en-de-small")
+    (models / "notes").mkdir()  # not a checkpoint: ignored
+    make_bundle(root / "en-es-small")
+    make_bundle(root / "en-de-small")
+    with pytest.raises(StoreError, match="no model bundle at") as e:  # French is shipped but not exported
+        store.resolve_bundles("", root, checkpoint=default)
+    assert f"--checkpoint {french} --out {root / 'en-fr-small'}" in str(e.value)
+    make_bundle(root / "en-fr-small", mtime=500.0)
+    with pytest.raises(StoreError, match="older than the checkpoint"):
+        store.resolve_bundles("", root, checkpoint=default)
+    os.utime(root / "en-fr-small" / "manifest.json", (2000.0, 2000.0))
+    served = store.resolve_bundles("", root, checkpoint=default)
+    assert [p.name for p in served] == ["en-es-small", "en-de-small", "en-fr-small"]  # default, then by name
+    assert [p.name for p in store.store_bundles(root)] == ["en-es-small", "en-de-small", "en-fr-small"]
+    assert store.shipped_checkpoints(models) == [default, german, french]
+    assert store.resolve_bundles("", root, models="en-fr-small") == [root / "en-fr-small"]
