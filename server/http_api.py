@@ -2,9 +2,10 @@
 
 aiohttp serves it on the gRPC server's asyncio event loop (grpc.aio), so both transports call the same
 `TranslationCore` (server/translate.py: validation, text layer, scheduler) with no thread hop. Routes:
-POST /translate, GET /languages, POST /translate_file + GET /download_file/{id}/{name},
-GET /frontend/settings, POST /suggest (always 403, as LibreTranslate's with suggestions off),
-GET /health, and the page at /; CORS when --http-cors-origins is set. Bodies are JSON or forms
+POST /translate, POST /detect (server/detect.py, also behind source=auto), GET /languages,
+POST /translate_file + GET /download_file/{id}/{name}, GET /frontend/settings, POST /suggest (always
+403, as LibreTranslate's with suggestions off), GET /spec (OpenAPI 3: server/openapi.py), GET /health,
+and the page at /; CORS when --http-cors-origins is set. Bodies are JSON or forms
 (urlencoded or multipart), as LibreTranslate takes them; errors are `{"error": message}` with 400
 (bad input), 403 (bad api_key), 429 (overloaded, with Retry-After), 500, 503 (not ready), 504 (deadline).
 Handlers never touch ONNX. Documentation: docs/service.md, "HTTP API (LibreTranslate-compatible)".
