@@ -13,7 +13,7 @@ RUN ?= runs/$(notdir $(MODEL))
 # The tokenizer `make train` trains with: the shipped one unless told (see `make tokenizer`).
 TOKENIZER ?= $(MODEL)/tokenizer.model
 
-.PHONY: help install system-deps run serve bundle bundles corpus data-check tokenizer train release average keep-terms memory lexicon tune-decoding evaluate model-card model bench bench-batching gpu-check gpu-pack proto lint test stack-test fuzz soak mutation clean
+.PHONY: help install system-deps run serve bundle bundles corpus data-check tokenizer train release average keep-terms memory lexicon tune-decoding evaluate model-card model bench bench-batching gpu-check gpu-pack proto lint test weblate stack-test fuzz soak mutation clean
 
 # Every target, one line each (tests/test_cli.py checks that none is missing).
 help:
@@ -26,6 +26,7 @@ help:
 	@echo "  make system-deps     apt-get install prometheus, apertium, nginx, docker-compose, gettext, chromium, hunspell-es, nodejs, npm (tests; root)"
 	@echo "Develop:"
 	@echo "  make test            lint + the whole test suite"
+	@echo "  make weblate         Weblate in .venv-weblate/ for tests/test_weblate.py (its own env; ~3 min cold)"
 	@echo "  make stack-test      build the images, run the compose stack (podman or Docker) and check it end to end"
 	@echo "  make fuzz            10,000 fuzzed gRPC and 10,000 HTTP requests against the shipped model (FUZZ_EXAMPLES=N)"
 	@echo "  make soak            30 min at half the measured saturation: errors, latency, RSS (SOAK_MINUTES=5)"
@@ -72,18 +73,38 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# Weblate for tests/test_weblate.py, in an environment of its own: the `weblate` extra of pyproject.toml,
+# whose pins are older than .venv's. Measured 161 s cold on the 2-core build machine (busy), mostly the C
+# builds of borgbackup, pycairo, PyGObject and tesserocr, whose headers make system-deps installs.
+WEBLATE_VENV := .venv-weblate
+$(WEBLATE_VENV)/.installed: pyproject.toml | install system-deps
+	$(PYTHON) -m venv $(WEBLATE_VENV)
+	$(WEBLATE_VENV)/bin/python -m pip install -q --upgrade pip
+	$(WEBLATE_VENV)/bin/python -m pip install -q $$($(PY) -c 'import tomllib; \
+	  print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["weblate"]))')
+	@touch $@
+
+weblate: $(WEBLATE_VENV)/.installed
+
 # Debian tools the tests drive for real: promtool/prometheus (metrics, rules, dashboard queries),
 # apertium (baseline), nginx (gRPC load balancing), docker-compose (compose files, validated without
 # an engine).
+# The -dev packages, gcc and pkg-config build Weblate's C dependencies (make weblate).
 system-deps:
 	@command -v promtool >/dev/null && command -v apertium >/dev/null && command -v nginx >/dev/null \
 	  && [ -e /usr/share/hunspell/es_ES.dic ] && command -v lt-print >/dev/null \
 	  && command -v docker-compose >/dev/null && command -v msgfmt >/dev/null \
 	  && command -v chromium >/dev/null && command -v chromedriver >/dev/null \
-	  && command -v node >/dev/null && command -v npm >/dev/null || { \
+	  && command -v node >/dev/null && command -v npm >/dev/null \
+	  && pkg-config --exists liblz4 libzstd libxxhash cairo gobject-introspection-1.0 tesseract lept \
+	  && [ -e /usr/include/sys/acl.h ] && command -v gcc >/dev/null \
+	  && $(PYTHON) -c 'import os, sysconfig as s; assert os.path.exists(s.get_paths()["include"] + "/Python.h")' \
+	  2>/dev/null || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    prometheus apertium apertium-eng-spa nginx docker-compose gettext chromium chromium-driver hunspell-es lttoolbox-dev \
-	    nodejs npm >/dev/null; }
+	    nodejs npm \
+	    pkg-config gcc python3-dev liblz4-dev libzstd-dev libxxhash-dev libacl1-dev libcairo2-dev \
+	    libgirepository1.0-dev libtesseract-dev libleptonica-dev >/dev/null; }
 
 $(BUNDLE)/manifest.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(MODEL)/tokenizer.model $(wildcard $(MODEL)/decoding.json $(MODEL)/keep_terms.txt $(MODEL)/source_words.txt $(MODEL)/memory.jsonl.gz $(MODEL)/lexicon.txt.gz) | install
 	$(PY) -m export --checkpoint $(MODEL) --out $(BUNDLE)
@@ -218,7 +239,7 @@ proto: install
 lint: install
 	$(VENV)/bin/ruff check .
 
-test: install system-deps lint
+test: install system-deps lint weblate
 	$(PY) -m pytest -q
 
 # The compose stack for real (deploy/stack_test.py): images, health, translations through the published
@@ -265,4 +286,4 @@ mutation: install bundle
 
 # Deletes the virtual environment and every exported bundle (not data/, runs/ or models/).
 clean:
-	rm -rf $(VENV) bundles .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(WEBLATE_VENV) bundles .pytest_cache .ruff_cache
