@@ -91,8 +91,10 @@ def test_restore_checks_every_guarantee():
     m = mask(src, find_spans(src))
     assert m.text == "Copy %1 to %2: %3 done %4"  # spaces inside the tag pair, removed on restore
     assert restore(m, "Copiar %1 a %2: %3 hecho %4") == ("Copiar %s a %s: <b>hecho</b>", None)
-    assert restore(m, "Copiar %1 a: %3 hecho %4")[1] == "lost %2"
-    assert restore(m, "Copiar %1 %1 a %2: %3 hecho %4")[1] == "repeated or invented %1"
+    # Named as the source has them, never by the layer's own sentinels.
+    assert restore(m, "Copiar %1 a: %3 hecho %4")[1] == "lost %s"
+    assert restore(m, "Copiar %1 %1 a %2: %3 hecho %4")[1] == "repeated %s"
+    assert restore(m, "Copiar %1 a %2: %3 hecho %4 %7")[1] == "invented a placeholder"
     assert restore(m, "Copiar %2 a %1: %3 hecho %4")[1] == "moved printf placeholders out of order"
     assert restore(m, "Copiar %1 a %2: %4 hecho %3")[1] == "broke the nesting of markup tags"
     assert restore(m, "Copiar %1 a %2 %d: %3 hecho %4")[1] == "invented %d"

@@ -44,7 +44,7 @@ def test_the_next_hypothesis_is_used_and_the_note_says_why(layer):
     [[best]] = layer.finish(second, [hyps])
     assert best.text == "Copiar %s a la carpeta GNOME." and best.score == -1.2
     assert [(n.action, n.start, n.end, n.reason) for n in best.notes] == [
-        ("repaired", 0, 28, "lost %1; used hypothesis 2")
+        ("repaired", 0, 28, "lost %s; used hypothesis 2")
     ]
 
 

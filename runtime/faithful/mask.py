@@ -145,12 +145,17 @@ def _problem(m: Masked, output: str, check_invented: bool = True) -> str | None:
     found = _SENTINEL.findall(output)
     wanted = m.sentinels
     counts = Counter(found)
-    missing = [s for s in wanted if counts[s] == 0]
+    # Spans named as the source has them: the sentinels are the text layer's own, and a reason naming
+    # them ("lost %7, {0}") named markers the source does not hold.
+    source_text = dict(zip(wanted, (s.text for s in m.spans), strict=True))
+    missing = [source_text[s] for s in wanted if counts[s] == 0]
     if missing:
-        return f"lost {', '.join(missing)}"
-    extra = sorted(s for s, c in counts.items() if s not in wanted or c > 1)
-    if extra:
-        return f"repeated or invented {', '.join(extra)}"
+        return f"lost {', '.join(dict.fromkeys(missing))}"
+    repeated = [source_text[s] for s in wanted if counts[s] > 1]
+    invented = any(s not in source_text for s in counts)
+    if repeated or invented:
+        said = [f"repeated {', '.join(dict.fromkeys(repeated))}"] if repeated else []
+        return " and ".join(said + (["invented a placeholder"] if invented else []))
     rest = _SENTINEL.sub("", output)
     invented = [p for p in PLACEHOLDER_PATTERN.findall(rest) if p != "%%"] if check_invented else []
     if invented:
