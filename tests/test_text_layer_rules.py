@@ -69,7 +69,9 @@ def test_the_shipped_model_translates_a_word_right_after_a_tag(shipped_bundle):
     ("text", "kept"),
     [
         ('Could not find "otioconvert" script', ["otioconvert"]),
-        ("Greek 'barys' for 'heavy'.", ["barys"]),  # 'heavy' is a word the model knows
+        # A known word between straight quotes is a literal too (runtime.faithful.code; on valid the
+        # references keep 40 of 45 such words): 'heavy' is kept, its quotes with it.
+        ("Greek 'barys' for 'heavy'.", ["barys", "heavy"]),
         ("Config File «libkleopatrarc»", ["libkleopatrarc"]),
         ("Khmel'nyts'ky", []),  # apostrophes inside a name, not quotes
         ("the 'otioconvert'-based tool", ["otioconvert"]),
@@ -92,7 +94,7 @@ def test_a_quoted_word_the_model_never_saw_is_kept(text, kept):
         "tool",
     }
     spans = find_spans(text, unknown_word=lambda w: w.lower() not in known)
-    assert [s.text for s in spans if s.kind == "quoted"] == kept
+    assert [s.text.strip("\"'«»") for s in spans if s.kind in ("quoted", "code")] == kept
 
 
 def test_the_shipped_model_keeps_a_quoted_command(shipped_bundle):

@@ -2,7 +2,8 @@
 
 Structure first (line breaks, tabs, list bullets, the spaces around them are never translated), then
 sentences inside each line with `sentencex` (Wikimedia's rule-based segmenter; abbreviations, decimals and
-ellipses are not boundaries). A boundary that falls inside a protected span (a URL, a path, a tag with
+ellipses are not boundaries); a usage line (runtime.faithful.code: `export [-fn] [name ...] or export -p`)
+is not cut into sentences. A boundary that falls inside a protected span (a URL, a path, a tag with
 attributes) is dropped. A sentence still too long for the model is split at a clause mark or a space
 near its middle until every piece fits (`fits`). Concatenating the pieces gives the text back exactly.
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 import sentencex
 
+from runtime.faithful.code import is_usage_line
 from runtime.faithful.spans import Span
 
 __all__ = ["COLUMNS", "MAX_TEXT_CHARS", "Piece", "segment", "split_to_fit"]
@@ -81,6 +83,8 @@ def segment(text: str, spans: Sequence[Span] = ()) -> list[Piece]:
             out.append(Piece(line_start, b.end(), False))
             line_start = b.end()
         bounds = _sentences(text, line_start, line_end) if line_end > line_start else []
+        if len(bounds) > 1 and is_usage_line(text[line_start:line_end]):
+            bounds = [(line_start, line_end)]  # `... ] or export -p` is no sentence of its own
         merged: list[list[int]] = []
         for s, e in bounds:
             if merged and _inside_span(s, spans):

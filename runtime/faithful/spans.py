@@ -2,11 +2,13 @@
 
 `find_spans` lists, without overlaps, every span of a text that must come back exactly once in the
 translation: placeholders (printf incl. positional and `%n`, Qt `%1`, `{name}` / `{0}`, `%(name)s`,
-`$VAR` / `${VAR}`), markup tags and entities, URLs, e-mail addresses, file paths, command-line options,
-keyboard shortcuts, numbers and versions, emoji and symbols, runs of text in scripts the model was not
-trained on, words the tokenizer can only spell byte by byte, names from the do-not-translate list, and
-glossary terms. The text layer (runtime.faithful.mask) replaces each span with a sentinel before the model
-and puts it back after, so the guarantee does not depend on the model's quality.
+`$VAR` / `${VAR}`), other tools' masks of placeholders (Weblate's `[X7X]`), code (quoted literals and what
+usage lines keep: runtime.faithful.code), markup tags and entities, URLs, e-mail addresses, file paths,
+command-line options, keyboard shortcuts, numbers and versions, emoji and symbols, runs of text in scripts
+the model was not trained on, words the tokenizer can only spell byte by byte, names from the
+do-not-translate list, and glossary terms. The text layer (runtime.faithful.mask) replaces each span with
+a sentinel before the model and puts it back after, so the guarantee does not depend on the model's
+quality.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from runtime.faithful.code import code_spans
 from runtime.tokenizer import PLACEHOLDER_PATTERN
 
 __all__ = [
@@ -37,6 +40,8 @@ __all__ = [
 # the kind listed first.
 KINDS = (
     "glossary",
+    "mask",
+    "code",
     "url",
     "email",
     "tag",
@@ -277,6 +282,7 @@ def find_spans(
             found.append(Span(m.start(), m.end(), "glossary", m.group(0), glossary.target(m.group(0))))
     for m in _RAW_ELEMENT.finditer(text):
         found.append(Span(m.start(), m.end(), "glossary", m.group(0), m.group(0)))
+    found += [Span(s, e, kind, text[s:e], text[s:e]) for kind, s, e in code_spans(text)]
     found += _matches(_URL, text, "url")
     found += _matches(_EMAIL, text, "email")
     found += _matches(_TAG, text, "tag")
