@@ -87,7 +87,7 @@ def run_msgfmt(
 class Job:
     entry: polib.POEntry
     sources: list[str]  # texts to send (accelerator stripped): msgid [, msgid_plural]
-    accels: list[tuple[str, str] | None]  # (marker, letter) per source
+    accels: list[tuple[str, str, bool] | None]  # (marker, letter, on the first letter) per source
     overwrite: bool  # whether existing msgstr forms may be replaced
     saved: dict = field(default_factory=dict)  # the entry's fields before it was filled
     results: list | None = field(default_factory=list)  # client.core.Translation per source; None: failed

@@ -120,9 +120,9 @@ def catalog_markers(msgids: Iterable[str], declared: str = "") -> str:
     return ranked[0] + "".join(m for m in ranked[1:] if counts[m] >= max(3, top / 10))
 
 
-def strip_accelerator(text: str, markers: str) -> tuple[str, tuple[str, str] | None]:
-    """`text` without its accelerator, and (marker, letter) when it had one: the first of `markers` of
-    which `text` has exactly one candidate."""
+def strip_accelerator(text: str, markers: str) -> tuple[str, tuple[str, str, bool] | None]:
+    """`text` without its accelerator, and (marker, letter, on its first letter: `on_first_letter`) when
+    it had one: the first of `markers` of which `text` has exactly one candidate."""
     if not markers:
         return text, None
     mask = span_mask(text)
@@ -130,8 +130,16 @@ def strip_accelerator(text: str, markers: str) -> tuple[str, tuple[str, str] | N
         found = candidates(text, mark, mask)
         if len(found) == 1:
             i = found[0]
-            return text[:i] + text[i + 1 :], (mark, text[i + 1])
+            stripped = text[:i] + text[i + 1 :]
+            return stripped, (mark, text[i + 1], on_first_letter(stripped, i))
     return text, None
+
+
+def on_first_letter(text: str, i: int) -> bool:
+    """Whether position `i` of `text` (a text without its marker) is its first letter or digit, past
+    leading punctuation, placeholders and tags (`_Save`, `<b>_Name</b>`, `¿_Save?`)."""
+    mask = span_mask(text)
+    return not any(c.isalnum() and not mask[k] for k, c in enumerate(text[:i]))
 
 
 LONE_MID_WORD_MAX_WORDS = 5  # `_` inside a word (E_xit) counts in a label, not in prose (Quarter_note)
@@ -165,22 +173,34 @@ def lone_accelerator(text: str) -> tuple[str, tuple[int, str, str] | None]:
     return text, None
 
 
-def place_accelerator(text: str, mark: str, letter: str) -> str | None:
-    """`text` with `mark` before one letter: the source's letter at a word start if there is one (a word
-    of three letters or more first: not on "de"), else the first letter of the first word, outside
-    placeholders and tags (else the first letter or digit). None when `text` has none."""
+def place_accelerator(text: str, mark: str, letter: str, first: bool) -> str | None:
+    """`text` with `mark` before one letter, outside placeholders and tags; None when `text` has none.
+
+    first: whether the source's marker was on its first letter (`on_first_letter`). Then the
+    translation's goes on its first letter too (`_Auto Indent` -> `_Sangrado automático`). Else not there
+    while another letter will do: the source's letter at a word start (a word of three letters or more
+    first: not on "de"), else the start of another word, else the source's letter inside a word, else
+    any other letter (`Find _Next` -> `Buscar _siguiente`, `Cu_t` -> `Cor_tar`, not `_Buscar
+    siguiente`, `_Cortar`).
+    Chosen on Debian's GTK catalogs, where the human translations keep a marker off the first letter
+    when the source does 3 times in 4 (translate-toolkit's `startpunc` flags the others)."""
     mask = span_mask(text)
 
     def free(i: int) -> bool:
         return not mask[i] and (i == 0 or text[i - 1] not in MARKERS)
 
-    starts = [
-        i for i, c in enumerate(text) if c.isalpha() and free(i) and (i == 0 or not text[i - 1].isalnum())
-    ]
-    same = [i for i in starts if text[i].lower() == letter.lower()]
-    long_same = [i for i in same if text[i + 2 : i + 3].isalpha()]  # "_destino" before "_de"
     others = [i for i, c in enumerate(text) if c.isalnum() and free(i)]
-    for choice in (long_same, same, starts, others):
+    starts = [i for i in others if text[i].isalpha() and (i == 0 or not text[i - 1].isalnum())]
+    if first:
+        choices = [starts, others]
+    else:
+        head = others[:1]  # the translation's first letter: the last resort
+        starts, others = [i for i in starts if i not in head], [i for i in others if i not in head]
+        same = [i for i in starts if text[i].lower() == letter.lower()]
+        long_same = [i for i in same if text[i + 2 : i + 3].isalpha()]  # "_destino" before "_de"
+        inside = [i for i in others if text[i].lower() == letter.lower() and text[i].isalpha()]
+        choices = [long_same, same, starts, inside, others, head]
+    for choice in choices:
         if choice:
             return text[: choice[0]] + mark + text[choice[0] :]
     return None

@@ -11,7 +11,7 @@ from runtime.decoding import DecodingOptions
 from runtime.po_text import lone_accelerator
 from server.contract import Hypothesis, SegmentNote
 from server.engine import Engine
-from server.engine.faithful import _with_accelerator
+from server.engine.faithful import _Text, _with_accelerator
 
 
 @pytest.mark.parametrize(
@@ -53,9 +53,11 @@ def test_prose_identifiers_and_names_keep_their_characters(text):
 def test_notes_move_back_to_source_offsets():
     """A note on the stripped text [2, 6) of "Save _As now" (accelerator at 5) covers [2, 7) of the source."""
     note = SegmentNote("repaired", 2, 6, "x")
-    (h,) = _with_accelerator((5, "_", "A"), [Hypothesis("Guardar como", -0.1, [3], (note,))])
-    assert h.text == "_Guardar como" and h.notes == (SegmentNote("repaired", 2, 7, "x"),)
-    (blank,) = _with_accelerator((0, "_", "O"), [Hypothesis("", 0.0, [])])
+    label = _Text("Save As now", [], (5, "_", "A"))
+    (h,) = _with_accelerator(label, [Hypothesis("Guardar como", -0.1, [3], (note,))])
+    # Off the source's first letter, off the translation's (runtime.po_text.place_accelerator).
+    assert h.text == "Guardar _como" and h.notes == (SegmentNote("repaired", 2, 7, "x"),)
+    (blank,) = _with_accelerator(_Text("OK", [], (0, "_", "O")), [Hypothesis("", 0.0, [])])
     assert blank.text == ""  # nothing to put it on
 
 

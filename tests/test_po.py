@@ -383,25 +383,25 @@ def test_exit_codes(shipped_server, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("text", "markers", "stripped", "accel"),
     [
-        ("_Save", "_", "Save", ("_", "S")),
-        ("Save _As…", "_", "Save As…", ("_", "A")),
-        ("Re_move", "_", "Remove", ("_", "m")),
-        ("Show hidde_n files", "_", "Show hidden files", ("_", "n")),
-        ("_OK", "_", "OK", ("_", "O")),
+        ("_Save", "_", "Save", ("_", "S", True)),
+        ("Save _As…", "_", "Save As…", ("_", "A", False)),
+        ("Re_move", "_", "Remove", ("_", "m", False)),
+        ("Show hidde_n files", "_", "Show hidden files", ("_", "n", False)),
+        ("_OK", "_", "OK", ("_", "O", True)),
         ("Invalid file_name", "_", "Invalid file_name", None),
         ("Set NO_PROXY", "_", "Set NO_PROXY", None),
         ("x86_64 only", "_", "x86_64 only", None),
         ("%(file_name)s is missing", "_", "%(file_name)s is missing", None),
         ("__init__ failed", "_", "__init__ failed", None),
-        ("&File", "&", "File", ("&", "F")),
-        ("Sa&ve all", "&", "Save all", ("&", "v")),
+        ("&File", "&", "File", ("&", "F", True)),
+        ("Sa&ve all", "&", "Save all", ("&", "v", False)),
         ("Tom &amp; Jerry", "&", "Tom &amp; Jerry", None),
         ("Copy && Paste", "&", "Copy && Paste", None),
         ("AT&T Laboratories", "&", "AT&T Laboratories", None),
         ("See https://x.org/?a=1&b=2", "&", "See https://x.org/?a=1&b=2", None),
-        ("~Paste", "~", "Paste", ("~", "P")),
+        ("~Paste", "~", "Paste", ("~", "P", True)),
         ("Open ~/.config", "~", "Open ~/.config", None),
-        ("_Open &recent", "_&", "Open &recent", ("_", "O")),
+        ("_Open &recent", "_&", "Open &recent", ("_", "O", True)),
     ],
 )
 def test_accelerators_are_found_and_stripped(text, markers, stripped, accel):
@@ -409,22 +409,31 @@ def test_accelerators_are_found_and_stripped(text, markers, stripped, accel):
 
 
 @pytest.mark.parametrize(
-    ("text", "mark", "letter", "expected"),
+    ("text", "mark", "letter", "first", "expected"),
     [
-        ("Guardar", "_", "S", "_Guardar"),
-        ("Guardar como…", "_", "A", "_Guardar como…"),
-        ("Carpeta de destino:", "_", "D", "Carpeta de _destino:"),
-        ("Todos los archivos", "_", "A", "Todos los _archivos"),
-        ("¿Guardar cambios?", "&", "S", "¿&Guardar cambios?"),
-        ("%s archivos", "_", "F", "%s _archivos"),
-        ("<b>Nombre</b>", "_", "N", "<b>_Nombre</b>"),
-        ("%1 de %2", "&", "O", "%1 &de %2"),
-        ("%s", "_", "S", None),
-        ("100", "~", "O", "~100"),
+        ("Guardar", "_", "S", True, "_Guardar"),
+        ("Guardar como…", "_", "A", True, "_Guardar como…"),
+        # The source's marker on its first letter: the translation's on its own first letter.
+        ("Carpeta de destino:", "_", "D", True, "_Carpeta de destino:"),
+        # Off the first letter in the source, off it in the translation: the source's letter at a word
+        # start (three letters or more first), else another word's start, else the letter inside a word.
+        ("Carpeta de destino:", "_", "D", False, "Carpeta de _destino:"),
+        ("Todos los archivos", "_", "A", False, "Todos los _archivos"),
+        ("Cortar", "_", "t", False, "Cor_tar"),
+        ("Guardar como…", "_", "A", False, "Guardar _como…"),
+        ("Buscar siguiente", "_", "N", False, "Buscar _siguiente"),
+        ("Abrir", "_", "x", False, "A_brir"),
+        ("¿Guardar cambios?", "&", "S", True, "¿&Guardar cambios?"),
+        ("%s archivos", "_", "F", True, "%s _archivos"),
+        ("<b>Nombre</b>", "_", "N", True, "<b>_Nombre</b>"),
+        ("%1 de %2", "&", "O", True, "%1 &de %2"),
+        ("%s", "_", "S", True, None),
+        ("100", "~", "O", True, "~100"),
+        ("Y", "_", "Y", False, "_Y"),  # no other letter: the first after all
     ],
 )
-def test_accelerator_goes_back_on_a_letter(text, mark, letter, expected):
-    assert place_accelerator(text, mark, letter) == expected
+def test_accelerator_goes_back_on_a_letter(text, mark, letter, first, expected):
+    assert place_accelerator(text, mark, letter, first) == expected
 
 
 def test_catalog_convention():

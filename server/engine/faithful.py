@@ -33,7 +33,7 @@ from runtime.faithful.memory import MemoryEntry, note_reason
 from runtime.faithful.segment import COLUMNS, MAX_TEXT_CHARS, segment, split_to_fit
 from runtime.faithful.spans import Glossary, Span, find_spans
 from runtime.faithful.terms import is_known_word
-from runtime.po_text import lone_accelerator, place_accelerator
+from runtime.po_text import lone_accelerator, on_first_letter, place_accelerator
 from runtime.tokenizer import Tokenizer
 from server.contract import Hypothesis, InputTooLongError, Prepared, SegmentNote
 
@@ -335,7 +335,7 @@ class TextLayer:
             if wider := self._second_beam(second):
                 second = replace(second, beam_size=wider)
             return self._round(plan, units, second)
-        return [_with_accelerator(t.accelerator, _assemble(t, n_best, self.keep_terms)) for t in plan.texts]
+        return [_with_accelerator(t, _assemble(t, n_best, self.keep_terms)) for t in plan.texts]
 
     def non_words(self, source: str, output: str, glossary: Glossary | None = None) -> list[str]:
         """The words of `output` (a translation of `source`) that the lexical guard objects to: in no
@@ -569,19 +569,21 @@ def _final_candidates(u: _Unit, hyps: list[Hypothesis]) -> tuple[list[Candidate]
     )
 
 
-def _with_accelerator(accel: tuple[int, str, str] | None, hyps: list[Hypothesis]) -> list[Hypothesis]:
-    """The hypotheses with the source's accelerator put back on a letter (runtime.po_text's rule: the
-    same letter at a word start if there is one), and the notes' offsets moved back into the source."""
-    if accel is None:
+def _with_accelerator(t: _Text, hyps: list[Hypothesis]) -> list[Hypothesis]:
+    """The hypotheses with the source's accelerator put back on a letter (runtime.po_text's rule: on the
+    first letter when the source had it there, else the same letter elsewhere if there is one), and the
+    notes' offsets moved back into the source."""
+    if t.accelerator is None:
         return hyps
-    at, mark, letter = accel
+    at, mark, letter = t.accelerator
+    first = on_first_letter(t.text, at)
 
     def source_offset(i: int) -> int:
         return i + 1 if i > at else i
 
     out = []
     for h in hyps:
-        text = place_accelerator(h.text, mark, letter) if h.text.strip() else None
+        text = place_accelerator(h.text, mark, letter, first) if h.text.strip() else None
         notes = tuple(replace(n, start=source_offset(n.start), end=source_offset(n.end)) for n in h.notes)
         out.append(replace(h, text=h.text if text is None else text, notes=notes))
     return out
