@@ -7,12 +7,16 @@ catalog): greetings, politeness, modern app strings (sign in/up/out, like, share
 short plain sentences and short texts of two or three sentences. Each item lists every translation a
 professional would accept: tú and usted (and the plural forms where the source may address several
 people), Spain and Latin America (ordenador/computadora, móvil/celular, coche/carro/auto).
+``bench/data/everyday-fr.jsonl`` has the same items with French references, written by hand the same
+way (tu and vous, the infinitive of UI commands beside the imperative, common synonyms); ``set_for``
+finds a language's set.
 
 Every source goes through the serving engine's text layer with the bundle's decoding defaults, as the
 service translates it (``bench.evaluate.translate_onnx(..., text_layer=True)``: segmentation, masking,
 the translation memory). An output is accepted when, normalised (``normalise``: Unicode NFC, case-folded,
-curly and angle quotes made straight, whitespace collapsed, opening ``¡``/``¿`` and final ``. ! ? …``
-removed), it equals one of the item's normalised accepted translations: a wrong word, accent, comma or
+curly and angle quotes made straight, whitespace collapsed, the space French typography puts before
+``! ? : ;`` and ``»`` and after ``«`` removed, opening ``¡``/``¿`` and final ``. ! ? …`` removed), it
+equals one of the item's normalised accepted translations: a wrong word, accent, comma or
 register mix is a miss, a missing final stop is not. Scores are per category and overall; the report also
 counts how many of the sources occur verbatim (normalised) among the training sources, ``data/train.en``,
 when the corpus is there (printed, not filtered: a first-five-minutes input may well be a common string).
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 import unicodedata
@@ -46,7 +51,8 @@ def set_for(code: str) -> Path | None:
 CATEGORIES = ("greeting", "politeness", "app", "sentence", "multi")
 RULE = (
     "accepted = the output equals one of the item's accepted translations after normalisation (NFC, "
-    "case-folded, quotes unified, whitespace collapsed, opening ¡¿ and final . ! ? … removed)"
+    "case-folded, quotes unified, whitespace collapsed, no space before ! ? : ; » or after «, opening ¡¿ "
+    "and final . ! ? … removed)"
 )
 
 # Curly, low and angle quotes read the same as straight ones: a professional uses either.
@@ -54,6 +60,9 @@ _QUOTES = str.maketrans(
     {"\u201c": '"', "\u201d": '"', "\u201e": '"', "\u00ab": '"', "\u00bb": '"',
      "\u2018": "'", "\u2019": "'", "\u201a": "'"}
 )  # fmt: skip
+# French typography's space (often a no-break one, U+00A0 or U+202F) before ! ? : ; and » and after «:
+# "Bonjour !" and "Bonjour!", "« Fichier »" and "«Fichier»" read the same.
+_FRENCH_SPACES = re.compile(r"\s+(?=[!?:;\u00bb])|(?<=\u00ab)\s+")
 
 
 @dataclass(frozen=True)
@@ -70,7 +79,7 @@ class Item:
 
 def normalise(text: str) -> str:
     """The form outputs and accepted translations are compared in (see the module docstring)."""
-    text = unicodedata.normalize("NFC", text).translate(_QUOTES)
+    text = _FRENCH_SPACES.sub("", unicodedata.normalize("NFC", text)).translate(_QUOTES)
     text = unicodedata.normalize("NFC", " ".join(text.split()).casefold())
     return text.lstrip("¡¿ ").rstrip(".!?… ")
 

@@ -1,9 +1,11 @@
 """The first-five-minutes set (bench/data/everyday.jsonl) and its scorer (bench.everyday): the set's
 schema, the normaliser and the judge on hand-written cases, and one run on the shipped bundle over a few
-items of each category, through to the model card's section (no assertion on the score itself)."""
+items of each category, through to the model card's section (no assertion on the score itself). The
+French set (bench/data/everyday-fr.jsonl) has the same items with French references."""
 
 import argparse
 import json
+import re
 import unicodedata
 from collections import Counter
 from pathlib import Path
@@ -16,10 +18,17 @@ from bench.model_card import _first_five_minutes
 from runtime.bundle import load_manifest
 from runtime.faithful.lexicon import LEXICON_FILE, non_words, read_lexicon
 
+FRENCH_SET = DEFAULT_SET.with_name("everyday-fr.jsonl")
+
 
 @pytest.fixture(scope="module")
 def rows() -> list[dict]:
     return [json.loads(line) for line in DEFAULT_SET.read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.fixture(scope="module")
+def fr_rows() -> list[dict]:
+    return [json.loads(line) for line in FRENCH_SET.read_text(encoding="utf-8").splitlines()]
 
 
 # --------------------------------------------------------------------------------------------
@@ -27,6 +36,11 @@ def rows() -> list[dict]:
 
 
 def test_the_set_is_well_formed(rows):
+    assert_well_formed(rows)
+    assert [item.id for item in load_items()] == [row["id"] for row in rows]
+
+
+def assert_well_formed(rows: list[dict]) -> None:
     assert 300 <= len(rows) <= 400
     assert all(set(row) == {"id", "category", "source", "accepted"} for row in rows)
     ids = [row["id"] for row in rows]
@@ -43,7 +57,6 @@ def test_the_set_is_well_formed(rows):
             assert text == unicodedata.normalize("NFC", text), (row["id"], text)
         # every listed translation is one the judge can tell from the others
         assert len({normalise(a) for a in row["accepted"]}) == len(row["accepted"]), row["id"]
-    assert [item.id for item in load_items()] == ids
 
 
 def test_the_set_holds_the_issue_s_examples_and_rejects_their_outputs(rows):
@@ -67,6 +80,53 @@ def test_the_set_holds_the_issue_s_examples_and_rejects_their_outputs(rows):
     assert judge("¿Cómo estás?", how) and judge("¿Cómo está?", how)
     slow = by_source["My computer is very slow."]
     assert judge("Mi ordenador va muy lento.", slow) and judge("Mi computadora está muy lenta.", slow)
+
+
+def test_the_french_set_has_the_same_items_with_french_references(rows, fr_rows):
+    assert everyday.set_for("fr") == FRENCH_SET
+    assert_well_formed(fr_rows)
+    assert [(r["id"], r["category"], r["source"]) for r in fr_rows] == [
+        (r["id"], r["category"], r["source"]) for r in rows
+    ]
+    assert [item.id for item in load_items(FRENCH_SET)] == [row["id"] for row in rows]
+
+
+# The only French references that are the English source as it is: the same word in both languages.
+SAME_IN_FRENCH = {"politeness-044": "Pardon ?", "app-030": "Notifications"}
+
+
+def test_no_french_reference_is_the_english_source_left_untranslated(fr_rows):
+    same = {
+        row["id"]: a for row in fr_rows for a in row["accepted"] if normalise(a) == normalise(row["source"])
+    }
+    assert same == SAME_IN_FRENCH
+
+
+def test_the_french_set_takes_tu_and_vous_and_the_ui_infinitive(fr_rows):
+    by_source = {row["source"]: row["accepted"] for row in fr_rows}
+    hello, how = by_source["Hello!"], by_source["How are you?"]
+    assert judge("Bonjour !", hello) and judge("Salut!", hello) and not judge("Allô !", hello)
+    assert judge("Comment vas-tu ?", how) and judge("Comment allez-vous ?", how)
+    accepted = [
+        ("Sign in", "Se connecter"), ("Sign in", "Connexion"), ("Sign in", "Connectez-vous"),
+        ("Log out", "Se déconnecter"), ("Log out", "Déconnexion"), ("Share", "Partager"),
+        ("Follow", "Suivre"), ("Unmute", "Réactiver le son"), ("Add to cart", "Ajouter au panier"),
+    ]  # fmt: skip
+    assert [pair for pair in accepted if not judge(pair[1], by_source[pair[0]])] == []
+    rejected = [
+        ("Good morning", "Bon matin"), ("Thank you very much", "Merci très beaucoup"), ("Sign up", "Signer"),
+        ("Like", "Comme"), ("Unmute", "Démuter"), ("Add to cart", "Ajouter à la carte"),
+    ]  # fmt: skip
+    assert [pair for pair in rejected if judge(pair[1], by_source[pair[0]])] == []
+    # a register mix across the sentences of a text is a miss, as in Spanish
+    hi = by_source["Hi! How are you?"]
+    assert judge("Salut ! Comment vas-tu ?", hi) and judge("Salut! Comment vas-tu?", hi)
+    assert not judge("Salut ! Comment allez-vous ?", hi)
+
+
+def test_the_french_spacing_rule_changes_no_spanish_reference(rows):
+    spaced = re.compile(r"\s[!?:;\u00bb]|\u00ab\s")
+    assert not [a for row in rows for a in row["accepted"] if spaced.search(a)]
 
 
 def test_a_malformed_set_is_refused(tmp_path: Path):
@@ -105,6 +165,14 @@ def test_a_malformed_set_is_refused(tmp_path: Path):
         ("INICIAR SESIÓN", "iniciar sesión"),
         ("Línea\tuno\nlínea dos", "línea uno línea dos"),
         ("Por favor,", "por favor,"),  # a trailing comma is not final punctuation
+        # French typography: the space before ! ? : ; » and after « goes, whichever space it is
+        ("Bonjour !", "bonjour"),
+        ("Salut ! Ça va ?", "salut! ça va"),
+        ("Salut\u202f! Ça va\u00a0?", "salut! ça va"),
+        ("Remarque : enregistré ; fini", "remarque: enregistré; fini"),
+        ("Ouvrir « Fichier »", 'ouvrir "fichier"'),
+        ("Ouvrir «\u00a0Fichier\u00a0»", 'ouvrir "fichier"'),
+        ("Dernière connexion : 10:45", "dernière connexion: 10:45"),
     ],
 )
 def test_normalise(text: str, expected: str):
@@ -127,6 +195,14 @@ def test_normalise(text: str, expected: str):
         ("Hola Hola", ["Hola"], False),
         ("", ["Hola"], False),
         ("Hola", [], False),
+        ("Bonjour!", ["Bonjour !"], True),
+        ("Bonjour !", ["Bonjour!"], True),
+        ("« Fichier »", ['"Fichier"'], True),
+        ('Ouvrir "Fichier"', ["Ouvrir « Fichier »"], True),
+        ("Salut! Ça va?", ["Salut ! Ça va ?"], True),
+        ("Bon jour !", ["Bonjour !"], False),  # only the space before the mark goes
+        ("Ouvrir«Fichier»", ["Ouvrir « Fichier »"], False),  # the space before « stays
+        ("Salut, ça va ?", ["Salut ! Ça va ?"], False),
     ],
 )
 def test_judge(output: str, accepted: list[str], verdict: bool):
@@ -242,17 +318,27 @@ def test_a_language_without_an_everyday_set_or_apertium_pair_skips_them(monkeypa
 
     evaluations: list[list[str]] = []
     monkeypatch.setattr(model_card.evaluate, "main", evaluations.append)
-    monkeypatch.setattr(model_card.everyday, "main", lambda argv: pytest.fail("no French everyday set"))
+    monkeypatch.setattr(model_card.everyday, "main", lambda argv: pytest.fail("no German everyday set"))
     bundle, model, data = tmp_path / "bundle", tmp_path / "model", tmp_path / "data"
     bundle.mkdir()
     data.mkdir()
     (bundle / "manifest.json").write_text(json.dumps({"variants": {"fp32": {}}}), encoding="utf-8")
-    (data / "manifest.json").write_text(json.dumps({"language": {"code": "fr"}}), encoding="utf-8")
-    assert everyday.set_for("fr") is None and everyday.set_for("es") == everyday.DEFAULT_SET
+    (data / "manifest.json").write_text(json.dumps({"language": {"code": "de"}}), encoding="utf-8")
+    assert everyday.set_for("de") is None and everyday.set_for("es") == everyday.DEFAULT_SET
     model_card.run_evaluations(
         argparse.Namespace(model=model, data=data, bundle=bundle, n=10, beam=4, common=5, no_apertium=False)
     )
     assert evaluations and not any("--apertium" in argv for argv in evaluations)
+    # French has its everyday set (and no Apertium pair): the card runs it
+    (data / "manifest.json").write_text(json.dumps({"language": {"code": "fr"}}), encoding="utf-8")
+    evaluations.clear()
+    calls: list[list[str]] = []
+    monkeypatch.setattr(model_card.everyday, "main", calls.append)
+    model_card.run_evaluations(
+        argparse.Namespace(model=model, data=data, bundle=bundle, n=10, beam=4, common=5, no_apertium=False)
+    )
+    assert not any("--apertium" in argv for argv in evaluations)
+    assert len(calls) == 1 and calls[0][calls[0].index("--set") + 1] == str(FRENCH_SET)
     (data / "manifest.json").write_text(json.dumps({"language": {"code": "es"}}), encoding="utf-8")
     evaluations.clear()
     monkeypatch.setattr(model_card.everyday, "main", lambda argv: None)
