@@ -141,3 +141,22 @@ def test_when_none_is_left_a_beam_twice_as_wide_is_tried_once(guarded):
     # greedy decoding is never widened (the guard only reorders what it has)
     [[best]] = wide.finish(wide.prepare(["Hello world"], DecodingOptions(beam_size=1)), [hyps[:1]])
     assert best.text == "Hanllo mundo" and len(best.notes) == 1
+
+
+def _copying(layer: TextLayer, text: str) -> Hypothesis:
+    step = layer.prepare([text], DecodingOptions(beam_size=1))
+    while isinstance(step, Prepared):
+        step = layer.finish(step, [[Hypothesis(s, 0.0, [])] for s in step.segments])
+    return step[0][0]
+
+
+def test_a_copied_markup_text_is_noted_only_when_it_is_not_the_target_language(guarded, layer):
+    # <p>Hello!</p> given back as it is: "Hello" is no Spanish word, so the text says it was not translated
+    copied = _copying(guarded, '<p class="green">Hello!</p>')
+    assert copied.text == '<p class="green">Hello!</p>'
+    assert [(n.action, n.reason) for n in copied.notes] == [
+        ("passed_through", "the model gave the text back untranslated")
+    ]
+    # Spanish as it is (a right answer), text without markup (a usage line), no lexicon: no such note
+    for lay, text in ((guarded, "<b>Hola mundo</b>"), (guarded, "wait [pid ...]"), (layer, "<p>Hello!</p>")):
+        assert not any("gave the text back" in n.reason for n in _copying(lay, text).notes), text

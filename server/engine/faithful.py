@@ -309,7 +309,7 @@ class TextLayer:
             if u.kept is not None:
                 self._wider_beam(u, hyps, plan.glossary, prepared.options.beam_size)
                 u.cands = u.cands[:n_best]
-                _note_copy(u)
+                _note_copy(u, self.lexicon)
                 continue
             if u.visible is None:
                 u.cands, u.note = _final_candidates(u, hyps)
@@ -320,7 +320,7 @@ class TextLayer:
                 retry[id(u)] = [u]
                 continue
             u.cands = u.cands[:n_best]
-            _note_copy(u)
+            _note_copy(u, self.lexicon)
             if u.visible is not None and not u.cands:
                 text = next(t.text for t in plan.texts if any(p is u for p in t.parts))
                 if u.whole:
@@ -495,27 +495,42 @@ def _stray_opening(source: str, output: str) -> bool:
     return False
 
 
-def _copied(u: _Unit, text: str) -> bool:
-    """A first-round output that is the source as it was, markup and all, where the source has words:
-    visible markup (`<p class="green">Hello!</p>`) can make the model copy its input, which passed
-    every check and came back untranslated without a note. Such an output goes after the others and,
-    when it is what the text gets, is noted as passed through."""
-    if not u.visible or text != u.masked.source:
-        return False
+def _outside_spans(u: _Unit, text: str) -> str:
+    """The parts of the source-shaped `text` outside the unit's visible spans (its words, not markup)."""
     words, pos = [], 0
-    for span in sorted(u.visible, key=lambda s: s.start):  # the words outside the markup
+    for span in sorted(u.visible or (), key=lambda s: s.start):
         words.append(text[pos : span.start])
         pos = max(pos, span.end)
     words.append(text[pos:])
-    return _LETTERS.search(" ".join(words)) is not None
+    return " ".join(words)
+
+
+def _copied(u: _Unit, text: str) -> bool:
+    """A first-round output that is the source as it was, markup and all, where the source has words:
+    visible markup (`<p class="green">Hello!</p>`) can make the model copy its input, which passes
+    every check. Such an output goes after the others (and `_note_copy` may say so)."""
+    if not u.visible or text != u.masked.source:
+        return False
+    return _LETTERS.search(_outside_spans(u, text)) is not None
 
 
 _LETTERS = re.compile(r"[^\W\d_]{2,}")
 
 
-def _note_copy(u: _Unit) -> None:
-    """A unit whose best candidate is its source copied (`_copied`) says so in its note."""
-    if not u.cands or not _copied(u, u.cands[0][0]) or (u.note is not None and u.note.action == "memory"):
+def _note_copy(u: _Unit, lexicon: Lexicon | None) -> None:
+    """A unit whose best candidate is its source copied (`_copied`) says so in its note, where the copy
+    is visibly not the target language: the text has markup, and a word outside it is in no dictionary
+    of the target language (`<p>Hello!</p>` is noted, `<b>General</b>` is Spanish as it is). Without a
+    lexicon, or for a text without markup (a usage line, `Open %s`), a copy is not told from a right
+    answer, and is not noted."""
+    if lexicon is None or not u.cands or not _copied(u, u.cands[0][0]):
+        return
+    if u.note is not None and u.note.action == "memory":
+        return
+    if not any(s.kind == "tag" for s in u.visible or ()):
+        return
+    words = [w for w in WORD.findall(_outside_spans(u, u.cands[0][0])) if _LETTERS.fullmatch(w)]
+    if all(w.lower() in lexicon for w in words):
         return
     reason = "the model gave the text back untranslated"
     if u.note is not None:
