@@ -142,6 +142,7 @@ def _non_words(reports: dict) -> list[str]:
 def _first_five_minutes(report: dict) -> list[str]:
     """The everyday set (bench.everyday): the accepted share per category and overall, the first misses."""
     overall, overlap = report["overall"], report.get("overlap")
+    set_name = "bench/data/" + Path(report.get("set", {}).get("path", "everyday.jsonl")).name
     seen = (
         f" {overlap['in_train']} of the {overlap['n']} sources occur verbatim among the training sources."
         if overlap
@@ -151,11 +152,12 @@ def _first_five_minutes(report: dict) -> list[str]:
         "",
         f"## First five minutes ({overall['n']} everyday inputs, what the service returns)",
         "",
-        "`python -m bench.everyday`: greetings, politeness, app strings (sign in/up/out, like, share, follow, unmute, "
-        "cart), short sentences and short texts of two or three sentences, written by hand (`bench/data/everyday.jsonl`, "
-        "not taken from any catalog), each with the translations a professional would accept (tú and usted, Spain and "
-        "Latin America). Translated through the text layer with the decoding defaults; accepted when the output is one "
-        f"of them, case, quotes, whitespace, opening ¡¿ and final punctuation aside.{seen}",
+        f"`python -m bench.everyday --set {set_name}`: greetings, politeness, app strings (sign in/up/out, like, share, "
+        "follow, unmute, cart), short sentences and short texts of two or three sentences, written by hand (not taken "
+        "from any catalog), each with the translations a professional would accept (both registers, tú/usted or "
+        "tu/vous, and the regional variants). Translated through the text layer with the decoding defaults; accepted "
+        "when the output is one of them, case, quotes, whitespace, opening ¡¿ and final punctuation aside (and the "
+        f"space French puts before ! ? : ;).{seen}",
         "",
         "| category | items | accepted |",
         "| --- | --- | --- |",
