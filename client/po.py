@@ -1,4 +1,5 @@
-"""Translate gettext catalogs (.pot/.po) into Spanish .po files with a running translation server.
+"""Translate gettext catalogs (.pot/.po) into .po files with a running translation server: into the
+language of --to, else of each catalog's Language header, else Spanish.
 
     python -m client po po/app.pot -o po/es.po                # fill the untranslated entries
     python -m client po po/es.po -o po/es.po --fuzzy          # in place, fuzzy entries too
@@ -8,11 +9,11 @@
 Untranslated entries are filled (--fuzzy: fuzzy ones too, --all: every entry); existing translations,
 obsolete entries, msgctxt, comments, references and flags are kept; a plural entry gets every form of
 the header's Plural-Forms (Spanish: msgstr[0] from msgid, msgstr[1] from msgid_plural). The header gets
-Language: es, Plural-Forms when missing, charset UTF-8. Machine translations are marked fuzzy (needs
-review) unless --no-fuzzy. Menu accelerators (_Save, &Save, ~Save) are stripped before translation and
-put back on one letter (--accelerator). An entry is written only if the real `msgfmt -c` accepts it;
-one it rejects, or one whose text the service kept untranslated, is left untranslated with a translator
-comment `# machine translation left out: REASON`.
+the target's Language, its Plural-Forms when missing, charset UTF-8. Machine translations are marked
+fuzzy (needs review) unless --no-fuzzy. Menu accelerators (_Save, &Save, ~Save) are stripped before
+translation and put back on one letter (--accelerator). An entry is written only if the real
+`msgfmt -c` accepts it; one it rejects, or one whose text the service kept untranslated, is left
+untranslated with a translator comment `# machine translation left out: REASON`.
 
 Resuming: OUT is written every --save-every entries and on Ctrl-C; when OUT exists, its filled entries
 are kept and not sent again, so rerunning the same command finishes the job.
@@ -36,6 +37,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+import polib
+
 from client.cli import (
     EXIT_ERROR,
     EXIT_OK,
@@ -49,6 +53,7 @@ from client.cli import (
 )
 from client.core import TranslatorError
 from client.po_stream import Run, stream
+from runtime.languages import plural_forms
 from runtime.po_catalog import (
     CatalogError,
     Job,
@@ -58,6 +63,7 @@ from runtime.po_catalog import (
     merge_previous,
     nplurals,
     plan,
+    plural_header,
     read_catalog,
     read_catalog_file,
     require_msgfmt,
@@ -75,6 +81,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("inputs", nargs="+", metavar="IN", help=".pot/.po files, directories, or - (stdin)")
     add_connection_args(p)
     p.add_argument("-o", "--output", metavar="OUT", help="the .po to write, a directory, or - (stdout)")
+    p.add_argument(
+        "--to",
+        dest="target_language",
+        default="",
+        metavar="LANG",
+        help="target language, e.g. fr or pt-BR (default: each catalog's Language header, else es)",
+    )
+    p.add_argument(
+        "--from", dest="source_language", default="", metavar="LANG", help="source language (default: en)"
+    )
     what = p.add_mutually_exclusive_group()
     what.add_argument("--fuzzy", action="store_true", help="re-translate fuzzy entries too")
     what.add_argument("--all", action="store_true", help="re-translate every entry")
@@ -179,6 +195,25 @@ class Outcome:
         return f"{self.name}: " + ", ".join(parts) + f"{speed}{stop}{tail}"
 
 
+def catalog_language(run: Run, po: polib.POFile, name: str) -> str:
+    """The language to translate a catalog into: --to, else its Language header, else "" (the default
+    pair, English to Spanish). A language the server does not translate into is a CatalogError that
+    names the served pairs (the server's own message), before anything is sent."""
+    args = run.args
+    language = args.target_language or po.metadata.get("Language", "").strip()
+    if not language or language in run.checked:
+        return language
+    try:
+        run.client.model_info(source_language=args.source_language, target_language=language)
+    except TranslatorError as e:
+        if e.code != grpc.StatusCode.INVALID_ARGUMENT:
+            raise
+        said = "--to" if args.target_language else f"its Language header ({language!r})"
+        raise CatalogError(f"{name}: {said} is a language the server does not serve: {e.details}") from None
+    run.checked.add(language)
+    return language
+
+
 def translate_catalog(run: Run, source: str, target: str) -> Outcome:
     args = run.args
     if source == "-":
@@ -199,10 +234,15 @@ def translate_catalog(run: Run, source: str, target: str) -> Outcome:
             raise UsageError(f"{target}: {e}; choose another OUT or remove it") from None
     outcome.resumed = len(resumed)
     stem = Path(source).stem if source != "-" else "messages"
+    language = catalog_language(run, po, source)
     markers = markers_of(po, args.accelerator)
     jobs, outcome.skipped = plan(po, mode, markers, resumed)
-    update_header(po, stem, run.generator, revised=bool(jobs))
-    n_forms = nplurals(po)
+    update_header(po, stem, run.generator, revised=bool(jobs), target=language or None)
+    try:
+        expected = plural_header(plural_forms(language or "es"))
+    except KeyError:
+        expected = "no rule known"
+    n_forms = nplurals(po, expected, language or "es")
     by_entry = {id(j.entry): j for j in jobs}
     if out_path is not None:
         out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -253,7 +293,7 @@ def translate_catalog(run: Run, source: str, target: str) -> Outcome:
 
     started = time.monotonic()
     try:
-        stream(run, jobs, on_done)
+        stream(run, jobs, on_done, (args.source_language, language))
     except KeyboardInterrupt:
         outcome.interrupted = True
     finally:

@@ -26,6 +26,7 @@ class Run:
     max_chars: int
     glossary: dict[str, str]
     options: dict = field(default_factory=dict)
+    checked: set[str] = field(default_factory=set)  # target languages the server said it serves
 
 
 class Feeder:
@@ -56,10 +57,11 @@ class Feeder:
             yield item
 
 
-def stream(run: Run, jobs: list[Job], on_done) -> None:
-    """Translate the sources of `jobs` over one TranslateStream call, --parallel items in flight;
-    `on_done(job)` once all the sources of a job have their translation (or `job.results` is None and
-    `job.reason` says why). Identical texts are sent once."""
+def stream(run: Run, jobs: list[Job], on_done, pair: tuple[str, str] = ("", "")) -> None:
+    """Translate the sources of `jobs` over one TranslateStream call, --parallel items in flight, into
+    `pair` (source, target language; "" = the server's default); `on_done(job)` once all the sources of
+    a job have their translation (or `job.results` is None and `job.reason` says why). Identical texts
+    are sent once."""
     args = run.args
     users: dict[str, list[tuple[Job, int]]] = {}
     for job in jobs:
@@ -91,6 +93,8 @@ def stream(run: Run, jobs: list[Job], on_done) -> None:
             timeout_ms=int(args.timeout * 1000),
             glossary=run.glossary,
             literal_markers=True,
+            source_language=pair[0],
+            target_language=pair[1],
             **run.options,
         )
         for i, b in enumerate(batches)

@@ -12,6 +12,7 @@ import json
 import logging
 import shutil
 import statistics
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -316,6 +317,64 @@ def test_the_cli_takes_a_pair(routed_server, capsys, caplog):
     )
     assert main([*base, "--to", "fr", "Open"]) == EXIT_INVALID
     assert f"fr is not supported as target: the models translate {SERVED}" in capsys.readouterr().err
+
+
+def stream_models(caplog) -> set[str]:
+    """The models that answered stream items (the call's own log line names none)."""
+    return {
+        r.fields["model"]
+        for r in caplog.records
+        if r.name == "server.requests"
+        and getattr(r, "fields", {}).get("rpc") == "TranslateStream"
+        and "model" in r.fields
+    }
+
+
+def _catalog(path: Path, language: str) -> Path:
+    path.write_text(
+        'msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n'
+        f'"Language: {language}\\n"\n\n'
+        'msgid "Open the file"\nmsgstr ""\n\n'
+        'msgid "One file"\nmsgid_plural "%d files"\nmsgstr[0] ""\nmsgstr[1] ""\n',
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_the_po_command_takes_each_catalogs_language_or_to(routed_server, tmp_path, capsys, caplog):
+    import polib
+
+    from client.po import main as po_main
+
+    caplog.set_level(logging.INFO, logger="server.requests")
+    base = ["--target", routed_server.target, "--wait-s", "0", "--no-progress"]
+    german = _catalog(tmp_path / "de.po", "de")
+    assert po_main([*base, str(german), "-o", str(tmp_path / "de.out.po")]) == 0
+    assert stream_models(caplog) == {"tiny-en-de"}
+    out = polib.pofile(str(tmp_path / "de.out.po"))
+    assert out.metadata["Language"] == "de" and out.metadata["Plural-Forms"] == "nplurals=2; plural=(n != 1);"
+    caplog.clear()
+    template = _catalog(tmp_path / "app.pot", "")
+    assert po_main([*base, str(template), "--to", "pt-BR", "-o", str(tmp_path / "pt.po")]) == 0
+    assert stream_models(caplog) == {"tiny-en-pt"}
+    out = polib.pofile(str(tmp_path / "pt.po"))
+    assert (
+        out.metadata["Language"] == "pt_BR" and out.metadata["Plural-Forms"] == "nplurals=2; plural=(n > 1);"
+    )
+    for entry in out:  # every form filled or left out with a reason, and the whole file msgfmt -c clean
+        assert (
+            entry.msgstr
+            or all(entry.msgstr_plural.values())
+            or "machine translation left out" in entry.tcomment
+        )
+    subprocess.run(["msgfmt", "-c", "-o", "/dev/null", str(tmp_path / "pt.po")], check=True, timeout=60)
+    caplog.clear()
+    capsys.readouterr()
+    french = _catalog(tmp_path / "fr.po", "fr")  # no French model here: nothing is sent, the error says why
+    assert po_main([*base, str(french), "-o", str(tmp_path / "fr.out.po")]) == 1
+    err = capsys.readouterr().err
+    assert "its Language header ('fr') is a language the server does not serve" in err and SERVED in err
+    assert not stream_models(caplog) and not (tmp_path / "fr.out.po").exists()
 
 
 def test_the_po_command_does_not_import_the_cli_module():
