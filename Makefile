@@ -23,7 +23,7 @@ help:
 	@echo "  make bundle          export $(MODEL) to the ONNX bundle $(BUNDLE)/ (only when the model changed)"
 	@echo "  make bundles         export every model of models/ to its bundle in bundles/ (make run does)"
 	@echo "  make install         create .venv/ with the package and its train + dev extras (pyproject.toml)"
-	@echo "  make system-deps     apt-get install prometheus, apertium, nginx, docker-compose, gettext, chromium, hunspell-es, nodejs, npm (tests; root)"
+	@echo "  make system-deps     apt-get install prometheus, apertium, nginx, docker-compose, gettext, chromium, hunspell-es/-fr/-de/-it/-pt-br, nodejs, npm (tests; root)"
 	@echo "Develop:"
 	@echo "  make test            lint + the whole test suite"
 	@echo "  make weblate         Weblate in .venv-weblate/ for tests/test_weblate.py (its own env; ~3 min cold)"
@@ -44,7 +44,7 @@ help:
 	@echo "  make release         copy the run's best weights (or RELEASE=dir) and their tokenizer into $(MODEL)/"
 	@echo "  make keep-terms      learn the do-not-translate list and source words into $(MODEL)/ (~20 s)"
 	@echo "  make memory          the translation memory (Debian's agreed translations) into $(MODEL)/ (~10 s)"
-	@echo "  make lexicon         the Spanish word list of the lexical guard (hunspell-es expanded) into $(MODEL)/ (~10 s)"
+	@echo "  make lexicon         the word list of the lexical guard (hunspell expanded) of CORPUS_LANG into $(MODEL)/ (~1 min)"
 	@echo "  make tune-decoding   choose the decoding defaults of $(MODEL) on the valid split (its decoding.json)"
 	@echo "  make evaluate        score $(MODEL) on the test split against Apertium into runs/eval.json"
 	@echo "  make model-card      evaluate $(MODEL) (test, UI strings, fp32/int8) and write its MODEL_CARD.md"
@@ -92,7 +92,8 @@ weblate: $(WEBLATE_VENV)/.installed
 # The -dev packages, gcc and pkg-config build Weblate's C dependencies (make weblate).
 system-deps:
 	@command -v promtool >/dev/null && command -v apertium >/dev/null && command -v nginx >/dev/null \
-	  && [ -e /usr/share/hunspell/es_ES.dic ] && command -v lt-print >/dev/null \
+	  && [ -e /usr/share/hunspell/es_ES.dic ] && [ -e /usr/share/hunspell/fr.dic ] && [ -e /usr/share/hunspell/de_DE.dic ] \
+	  && [ -e /usr/share/hunspell/it_IT.dic ] && [ -e /usr/share/hunspell/pt_BR.dic ] && command -v lt-print >/dev/null \
 	  && command -v docker-compose >/dev/null && command -v msgfmt >/dev/null \
 	  && command -v chromium >/dev/null && command -v chromedriver >/dev/null \
 	  && command -v node >/dev/null && command -v npm >/dev/null \
@@ -102,6 +103,7 @@ system-deps:
 	  2>/dev/null || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    prometheus apertium apertium-eng-spa nginx docker-compose gettext chromium chromium-driver hunspell-es lttoolbox-dev \
+	    hunspell-fr-classical hunspell-de-de hunspell-it hunspell-pt-br \
 	    nodejs npm \
 	    pkg-config gcc python3-dev liblz4-dev libzstd-dev libxxhash-dev libacl1-dev libcairo2-dev \
 	    libgirepository1.0-dev libtesseract-dev libleptonica-dev >/dev/null; }
@@ -166,9 +168,10 @@ keep-terms: data-check install
 memory: data-check install
 	$(PY) -m model.memory --data $(DATA) --out $(MODEL)/memory.jsonl.gz
 
-# The lexical guard's word list: every form of Debian's hunspell-es (make system-deps installs it).
+# The lexical guard's word list: every form of the language's Debian hunspell dictionary (model/languages.py
+# names it; make system-deps installs them).
 lexicon: install
-	$(PY) -m model.lexicon --out $(MODEL)/lexicon.txt.gz
+	$(PY) -m model.lexicon --lang $(CORPUS_LANG) --out $(MODEL)/lexicon.txt.gz
 
 # Decoding defaults, chosen on the valid split through the engine, written to $(MODEL)/decoding.json.
 tune-decoding: data-check install bundle
@@ -197,7 +200,9 @@ model: install
 	$(MAKE) --no-print-directory average TOKENIZER=$(RUN_TOKENIZER)
 	@mkdir -p $(MODEL)
 	$(MAKE) --no-print-directory release keep-terms memory RELEASE=$(RUN)/averaged
-	$(if $(filter es,$(CORPUS_LANG)),$(MAKE) --no-print-directory lexicon,@echo "no lexicon builder for $(CORPUS_LANG) yet: the lexical guard stays off")
+	@if $(PY) -c 'import sys; from model.languages import language; sys.exit(not language("$(CORPUS_LANG)").hunspell)'; \
+	then $(MAKE) --no-print-directory lexicon; \
+	else echo "no hunspell dictionary for $(CORPUS_LANG) in model/languages.py: the lexical guard stays off"; fi
 	$(MAKE) --no-print-directory tune-decoding model-card
 
 # The report goes to runs/eval.json (the model card's own reports, in $(MODEL)/, are make model-card's).

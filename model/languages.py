@@ -61,6 +61,15 @@ class Language:
     help_code: str  # how LibreOffice's help paths spell it: /help/pt-BR/text/...
     dictionaries: tuple[Dictionary, ...] = ()
     apertium: str = ""  # Debian's Apertium mode for English to it (the evaluation's peer); "" = none
+    # The spelling dictionary model/lexicon.py expands into the lexical guard's word list: Debian's
+    # hunspell package, and which of its .dic files count (glob patterns of their names, as
+    # catalog_dirs: the language and its home region; symbolic links to one file count once).
+    hunspell: str = ""
+    hunspell_dicts: tuple[str, ...] = ()
+    # Endings the dictionary adds to whole verb paradigms (Italian enclitic pronouns: guardar+lo,
+    # guardando+gliela): the lexicon file writes a stem that takes every one of them once, marked,
+    # instead of one word per ending (hunspell-it's 3.1 million forms are 2.6 million such words).
+    lexicon_tails: tuple[str, ...] = ()
 
     @property
     def help_package(self) -> str:
@@ -93,6 +102,28 @@ def _freedict(code: str) -> Dictionary:
 # apertium`: eng-spa, eng-cat, en-gl, ... but no eng-fra/deu/ita/por); FreeDict has all five.
 # dict-freedict-eng-por is FreeDict's one English-Portuguese dictionary; its words (not its spelling of
 # them, which rarely differs between Brazil and Portugal for dictionary lemmas) serve pt_BR.
+# French spelling: hunspell-fr-classical (what the hunspell-fr package installs first), the traditional
+# spelling plus the reformed forms in wide use (événement and évènement), since the catalogs write the
+# traditional one: chaîne 2,384 times in runs/data-fr/train.fr against chaine 42, boîte 2,482 against
+# boite 34, apparaît 512 against apparait 11. hunspell-fr-revised (1990 reform only) would reject
+# chaîne; -comprehensive would accept either spelling of every word.
+# The pronouns (and pronoun pairs) it_IT.aff attaches to an infinitive or a gerund: every one of them
+# follows guardar- and guardando- there.
+_ITALIAN_ENCLITICS = tuple(
+    "ci cisi cela cele celi celo cene gli glici gliela gliele glieli glielo gliene glisi la le leci lesi "
+    "li lo mela mele meli melo mene mi mici misi ne sela sele seli selo sene si tela tele teli telo tene "
+    "ti tici tisi vela vele veli velo vene vi vici visi".split()
+)
+# The endings pt_BR.aff adds to a stem of many nouns and adjectives (gender, number, diminutive,
+# augmentative, superlative: pejorad-a, -inhas, -ões, -íssimos).
+_PORTUGUESE_DERIVATIONS = tuple(
+    "a as o os inha inhas inho inhos ona onas ão ões íssima íssimas íssimo íssimos amente zinha zinhas "
+    "zinho zinhos zona zonas zão zões or ora oras ores "
+    # and those of a verb of the first conjugation: frontar, fronto, frontávamos, frontássemos
+    "ada adas ado ados ai ais am amos ando ar ara aram aras ardes arei areis arem aremos ares aria ariam "
+    "arias armos ará arás arão aríamos aríeis asse assem asses aste astes ava avam avas e ei eis em emos "
+    "es ou á áramos áreis ásseis ássemos ávamos áveis ante antes".split()
+)
 LANGUAGES: dict[str, Language] = {
     lang.code: lang
     for lang in (
@@ -104,11 +135,51 @@ LANGUAGES: dict[str, Language] = {
             "es",
             (Dictionary("apertium", "apertium-eng-spa", "eng-spa.autobil.bin"), _freedict("spa")),
             apertium="en-es",
+            hunspell="hunspell-es",
+            hunspell_dicts=("es_*",),  # all of them, as the shipped lexicon was built: links to es_ES.dic
         ),
-        Language("fr", "French", ("fr", "fr_FR"), "fr", "fr", (_freedict("fra"),)),
-        Language("de", "German", ("de", "de_DE"), "de", "de", (_freedict("deu"),)),
-        Language("it", "Italian", ("it", "it_IT"), "it", "it", (_freedict("ita"),)),
-        Language("pt_BR", "Brazilian Portuguese", ("pt_BR",), "pt-br", "pt-BR", (_freedict("por"),)),
+        Language(
+            "fr",
+            "French",
+            ("fr", "fr_FR"),
+            "fr",
+            "fr",
+            (_freedict("fra"),),
+            hunspell="hunspell-fr-classical",
+            hunspell_dicts=("fr", "fr_FR"),
+        ),
+        Language(
+            "de",
+            "German",
+            ("de", "de_DE"),
+            "de",
+            "de",
+            (_freedict("deu"),),
+            hunspell="hunspell-de-de",
+            hunspell_dicts=("de", "de_DE"),
+        ),
+        Language(
+            "it",
+            "Italian",
+            ("it", "it_IT"),
+            "it",
+            "it",
+            (_freedict("ita"),),
+            hunspell="hunspell-it",
+            hunspell_dicts=("it", "it_IT"),
+            lexicon_tails=_ITALIAN_ENCLITICS,
+        ),
+        Language(
+            "pt_BR",
+            "Brazilian Portuguese",
+            ("pt_BR",),
+            "pt-br",
+            "pt-BR",
+            (_freedict("por"),),
+            hunspell="hunspell-pt-br",
+            hunspell_dicts=("pt_BR",),
+            lexicon_tails=_PORTUGUESE_DERIVATIONS,
+        ),
     )
 }
 DEFAULT_LANGUAGE = "es"

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from model.lexicon import build, expand, read_affixes
+from model.affixes import expand, read_affixes
+from model.lexicon import build
 from runtime.faithful.lexicon import (
     LEXICON_FILE,
     Lexicon,
@@ -124,7 +125,8 @@ def test_the_builder_expands_affixes_and_writes_a_file_the_reader_loads(tmp_path
     assert {"guardo", "guarda", "guardando", "guardandolo", "desguardo", "desguardar"} <= expand(
         "guardar", "RdS", affixes
     )
-    words, hosts, dics = build(tmp_path)
+    built = build(tmp_path)
+    words, hosts, dics = built.words, built.hosts, built.dictionaries
     assert "madrid" in words and "guardarlo" not in words and dics == [str(tmp_path / "es_XX.dic")]
     assert {"guardar", "guarda", "guardando"} <= hosts and "casa" not in hosts  # verb forms only
     path = tmp_path / LEXICON_FILE
@@ -156,3 +158,121 @@ def test_the_shipped_bundle_carries_the_lexicon_and_the_engine_loads_it(shipped_
     assert engine.lexicon is not None and "Hanllo" not in engine.lexicon and "dámelo" in engine.lexicon
     off = default_engine_factory(shipped_bundle, ServerConfig(threads=1, memory=False, lexical_guard=False))
     assert off.lexicon is None and off.text_layer.lexicon is None
+
+
+# French-like: two-character flags, a stem that needs an affix, elision prefixes, ICONV.
+FR_AFF = """SET UTF-8
+FLAG long
+NEEDAFFIX ()
+ICONV 1
+ICONV ’ '
+SFX S. Y 2
+SFX S. 0 0/L'D' .
+SFX S. 0 s/D' .
+PFX L' Y 2
+PFX L' 0 l' [aeiouh]
+PFX L' a l'A a
+PFX D' Y 1
+PFX D' 0 d' .
+"""
+
+
+def test_long_flags_needaffix_elision_and_iconv(tmp_path):
+    aff = tmp_path / "fr.aff"
+    aff.write_text(FR_AFF, encoding="utf-8")
+    (tmp_path / "fr.dic").write_text("2\napplication/S.()\nfichier/S.()\n", encoding="utf-8")
+    rules = read_affixes(aff)
+    assert rules.flags("S.()L'") == ("S.", "()", "L'") and rules.iconv == [("’", "'")]
+    # the NEEDAFFIX stem counts through its (empty) suffix only; the elision rules are not expanded
+    assert expand("application", "S.()", rules) == {"application", "applications"}
+    assert expand("cadeau", "()", rules) == set()
+    assert rules.elision == {"l'": "aehiou", "d'": ""}
+    built = build(tmp_path, "fr")
+    path = tmp_path / LEXICON_FILE
+    write_lexicon(
+        path, built.words, built.hosts, {"command": "test"}, iconv=built.iconv, elision=built.elision
+    )
+    lexicon = read_lexicon(path)
+    for word in ["l'application", "L’Application", "d'applications", "fichiers", "l'applications"]:
+        assert word in lexicon, word
+    for word in ["l'fichier", "l'applicaton", "applicaton", "x'application", "l'"]:
+        assert word not in lexicon, word
+    assert non_words("Open the application", "Ouvrez l'application", lexicon) == ["Ouvrez"]
+
+
+NUM_AFF = """SET UTF-8
+FLAG num
+AF 2
+AF 101,202
+AF 101
+SFX 101 Y 1
+SFX 101 0 s .
+PFX 202 Y 1
+PFX 202 0 re .
+"""
+
+
+def test_numeric_flags_and_aliases(tmp_path):
+    aff = tmp_path / "xx.aff"
+    aff.write_text(NUM_AFF, encoding="utf-8")
+    rules = read_affixes(aff)
+    assert rules.flags("101,202") == ("101", "202") and rules.flags("1") == ("101", "202")
+    assert expand("load", "1", rules) == {"load", "loads", "reload", "reloads"}
+    assert expand("save", "2", rules) == {"save", "saves"}
+
+
+DE_AFF = """SET UTF-8
+COMPOUNDBEGIN x
+COMPOUNDMIDDLE y
+COMPOUNDEND z
+ONLYINCOMPOUND o
+COMPOUNDPERMITFLAG c
+NEEDAFFIX h
+COMPOUNDMIN 2
+SFX N Y 1
+SFX N 0 n .
+SFX j Y 1
+SFX j 0 0/xoc .
+SFX e Y 1
+SFX e 0 0/yoc .
+"""
+
+
+def test_german_compounds_split_into_known_parts(tmp_path):
+    (tmp_path / "de_DE.aff").write_text(DE_AFF, encoding="utf-8")
+    dic = "5\nDatei/Nj\ndatei/Nozm\nName/N\nname/Nozm\nverwaltungs/he\n"
+    (tmp_path / "de_DE.dic").write_text(dic, encoding="utf-8")
+    built = build(tmp_path, "de")
+    assert {"datei", "name", "namen"} <= built.words and "verwaltungs" not in built.words
+    assert built.parts["datei"] == "be" and built.parts["verwaltungs"] == "m"
+    path = tmp_path / LEXICON_FILE
+    write_lexicon(path, built.words, built.hosts, {"command": "test"}, built.parts, compound_min=3)
+    lexicon = read_lexicon(path)
+    for word in ["Dateiname", "Dateinamen", "Dateiverwaltungsname", "Datei"]:
+        assert word in lexicon, word
+    assert lexicon.compound("dateiverwaltungsname") == ("datei", "verwaltungs", "name")
+    # an invented word, a middle part at the end, a part no word may begin with
+    for word in ["Dateinahme", "Dateiverwaltungs", "Verwaltungsdatei", "Namedatei"]:
+        assert word not in lexicon, word
+
+
+def test_tails_and_hyphenated_forms_are_rebuilt_exactly(tmp_path):
+    words = {
+        "guardare",
+        "guardarlo",
+        "guardarla",
+        "guardarne",
+        "guardarmi",
+        "scuola",
+        "dá-las",
+        "dá-lo",
+        "las",
+    }
+    path = tmp_path / LEXICON_FILE
+    write_lexicon(path, words, (), {"command": "test"}, tails=("lo", "la", "ne", "mi"), hyphenated=True)
+    text = gzip.decompress(path.read_bytes()).decode()
+    assert "guardarlo" not in text and "dá-las" not in text  # rebuilt by the reader
+    lexicon = read_lexicon(path)
+    assert all(w in lexicon for w in words)
+    for word in ["scuolo", "guardarvi", "guardar", "dá", "las-dá-ne"]:
+        assert word not in lexicon, word

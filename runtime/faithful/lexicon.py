@@ -7,12 +7,27 @@ hunspell-es dictionaries (expanded with their affix rules, lowercased); a word i
 it, or when it is a verb form that may carry enclitic pronouns followed by such pronouns, spelled with
 the accent the stress then needs (`vuélvelo`, `muéstramelo`, `guardémonos`, `sentaos`: forms that the
 affix data lacks). The enclitic forms the rule rebuilds are left out of the file, which keeps it small.
-The rule only ever applies to the hosts a file marks: a lexicon of another language marks none, and is a
-plain word list.
+The rule only ever applies to the hosts a file marks: a lexicon of another language marks none.
+
+The other languages' files (hunspell-fr, -de-de, -it, -pt-br) are the same kind of word list. German
+writes compounds that no dictionary lists (Dateiverwaltungsprogramm); its file marks the forms that
+de_DE.aff lets begin (`b`), continue (`m`) or end (`e`) a compound, and a word is also known when it
+splits into a first and a last part, or a first, a middle and a last one, each at least `min` letters
+long (the header's `compound`): an approximation of hunspell's compounding, which allows any number of
+middle parts and checks capitals. A file may also carry its affix file's ICONV pairs (fr.aff: ’ is '),
+applied to a word before it is looked up. French and Italian elided particles are a rule too (the
+header's `elision`: `l'` before any known word, Italian's only before a vowel or h), not one form per
+particle. Two ways of writing fewer lines rebuild exactly the words they leave out: a stem followed by
+each ending of one of the header's `tails` classes (Italian enclitics: guardar + lo, la, ne, ...), and a
+hyphenated form, known when every part is a word or a part marked `h` (pt_BR: desprestigiá-las-ia).
 
 File format: gzip-compressed text. The first line is a JSON header (`format`, `command`, `words`,
-`hosts`); every other line is a word, sorted, with a trailing `*` when it is a host (a verb form that
-may carry enclitic pronouns: infinitive, gerund, imperative or subjunctive by its ending).
+`hosts`; optional `compound`: {"min": N}, `iconv`: [[from, to], ...], `elision`: {particle: initials},
+`tails`: [[ending, ...], ...], `hyphenated`: N); every other line is a word,
+sorted, with a trailing `*` when it is a host (a verb form that may carry enclitic pronouns: infinitive,
+gerund, imperative or subjunctive by its ending), and a tab and its compound roles when it is a compound
+part (`b`, `m`, `e`), a stem of the tails class it names (`0`-`9`, `A`-`Z`) or a part of hyphenated
+words (`h`); `o`: no word by itself.
 
 In memory the words are kept as sorted 64-bit hashes (8 bytes a word, about 8 MB, where a set of
 Python strings would take some 60 MB); that an invented word shares a hash with a known one is a
@@ -48,6 +63,10 @@ __all__ = [
 FORMAT = "lexicon/1"
 LEXICON_FILE = "lexicon.txt.gz"  # in a model directory (model.lexicon writes it) and in its bundle (export)
 HOST_MARK = "*"
+PART_MARK = "\t"  # before a line's roles: compound part (b, m, e), stem of a class of tails (0-9)
+ONLY_IN_COMPOUND = "o"  # the line is no word by itself: a compound part, a stem, a hyphen part only
+IN_HYPHENATED = "h"  # a part of a hyphenated word (pt_BR's enclitics: desprestigiá-las-ia)
+_CLASSES = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"  # the roles naming a class of tails, in order
 
 # Enclitic pronouns in their order (se, then 2nd person, then 1st, then 3rd): dáselo, guardártelo.
 _CHAIN = re.compile(r"(?:se)?(?:te|os)?(?:me|nos)?(?:lo|la|le|los|las|les)?$")
@@ -143,11 +162,38 @@ def _hash(words: Iterable[str]) -> np.ndarray:
 
 
 class Lexicon:
-    """Known words (any case) of a language: `word in lexicon`."""
+    """Known words (any case) of a language: `word in lexicon`. `parts` maps compound parts to their
+    roles (`b` first, `m` middle, `e` last), each at least `compound_min` letters; `iconv` are the
+    replacements made in a word before it is looked up."""
 
-    def __init__(self, words: Iterable[str], hosts: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        words: Iterable[str],
+        hosts: Iterable[str] = (),
+        parts: dict[str, str] | None = None,
+        compound_min: int = 3,
+        iconv: Sequence[tuple[str, str]] = (),
+        elision: dict[str, str] | None = None,
+        tails: Sequence[Sequence[str]] = (),
+    ) -> None:
         self._words = _hash(w.lower() for w in words)
         self._hosts = _hash(w.lower() for w in hosts)
+        parts = parts or {}
+        self._begin, self._middle, self._end = (
+            _hash(w.lower() for w, roles in parts.items() if role in roles) for role in "bme"
+        )
+        # a stem per class of tails (roles: its number), and the stems of any class for each tail
+        self._stems = [
+            _hash(w.lower() for w, roles in parts.items() if _CLASSES[k] in roles) for k in range(len(tails))
+        ]
+        self._tails = [(t, k) for k, ends in enumerate(tails) for t in ends]
+        self._hyphen = _hash(w.lower() for w, roles in parts.items() if IN_HYPHENATED in roles)
+        self.compound_min = compound_min
+        self._iconv = [(a, b) for a, b in iconv if a != b]
+        # A particle ends at its one apostrophe, so at most one fits the start of a word.
+        self._elision = sorted((elision or {}).items())
+        if self._elision:  # as hunspell does, ’ is read as ' where the dictionary writes '
+            self._iconv.append(("’", "'"))
         self.size = int(self._words.size)
 
     @staticmethod
@@ -161,8 +207,42 @@ class Lexicon:
     def __contains__(self, word: object) -> bool:
         if not isinstance(word, str):
             return False
-        w = unicodedata.normalize("NFC", word).lower()
-        return self._has(self._words, w) or self.enclitic_host(w) is not None
+        w = unicodedata.normalize("NFC", word)
+        for a, b in self._iconv:
+            w = w.replace(a, b)
+        w = w.lower()
+        if self._known(w):
+            return True
+        for particle, initials in self._elision:
+            rest = w[len(particle) :]
+            if w.startswith(particle) and rest and (not initials or rest[0] in initials):
+                return self._known(rest)
+        return False
+
+    def _known(self, w: str) -> bool:
+        if "-" in w.strip("-") and self._hyphen.size:
+            parts = [p for p in w.split("-") if p]
+            return all(self._has(self._hyphen, p) or self._known(p) for p in parts)
+        if self._has(self._words, w) or self.enclitic_host(w) is not None or self.compound(w) is not None:
+            return True
+        return any(w.endswith(t) and self._has(self._stems[k], w[: -len(t)]) for t, k in self._tails)
+
+    def compound(self, word: str) -> tuple[str, ...] | None:
+        """The parts a lowercase word splits into as a compound (first + last, or first + middle + last;
+        the first split found, shortest first part first), or None."""
+        if not self._end.size:
+            return None
+        least, n = self.compound_min, len(word)
+        for i in range(least, n - least + 1):
+            head = word[:i]
+            if not self._has(self._begin, head):
+                continue
+            if self._has(self._end, word[i:]):
+                return head, word[i:]
+            for j in range(i + least, n - least + 1):
+                if self._has(self._middle, word[i:j]) and self._has(self._end, word[j:]):
+                    return head, word[i:j], word[j:]
+        return None
 
     def enclitic_host(self, word: str) -> str | None:
         """The verb form `word` is made of, followed by enclitic pronouns it spells correctly (vuélvelo ->
@@ -179,20 +259,88 @@ class Lexicon:
         return None
 
 
-def write_lexicon(path: Path, words: Collection[str], hosts: Collection[str], header: dict) -> int:
-    """Write the words (hosts marked), leaving out the enclitic forms the reader's rule rebuilds from
-    the hosts; returns the file's size in bytes. The same words give the same bytes (committed)."""
-    hosts = set(hosts)
+def write_lexicon(
+    path: Path,
+    words: Collection[str],
+    hosts: Collection[str],
+    header: dict,
+    parts: dict[str, str] | None = None,
+    iconv: Sequence[tuple[str, str]] = (),
+    compound_min: int = 3,
+    elision: dict[str, str] | None = None,
+    tails: Sequence[str] = (),
+    hyphenated: bool = False,
+) -> int:
+    """Write the words (hosts marked) and the compound parts (with their roles), leaving out the
+    enclitic forms the reader's rule rebuilds from the hosts; returns the file's size in bytes. The same
+    words give the same bytes (committed)."""
+    hosts, parts = set(hosts), parts or {}
     rule = Lexicon((), hosts)
     kept = sorted(w for w in words if w in hosts or rule.enclitic_host(w) is None)
+    # A hyphenated form is left out, its parts kept: pt_BR.dic writes its enclitic pronouns so
+    # (desprestigiá-las-ia), 7.7 million forms; the reader accepts a word whose parts are all known.
+    hyphen: set[str] = set()
+    if hyphenated and any("-" in w.strip("-") for w in kept):
+        joined = [w for w in kept if "-" in w.strip("-")]
+        known = set(kept)
+        hyphen = {p for w in joined for p in w.split("-") if p and p not in known}
+        cut = set(joined)
+        kept = [w for w in kept if w not in cut]
+    classes, stems = tail_classes(kept, tails) if tails else ([], {})
+    if stems:
+        rebuilt = {s + t for s, k in stems.items() for t in classes[k]}
+        kept = [w for w in kept if w not in rebuilt]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     head = {"format": FORMAT, **header, "words": len(kept), "hosts": len(hosts), "expanded": len(words)}
+    if parts:
+        head["compound"] = {"min": compound_min, "parts": len(parts)}
+    if iconv:
+        head["iconv"] = [list(pair) for pair in iconv]
+    if elision:
+        head["elision"] = dict(sorted(elision.items()))
+    if stems:
+        head["tails"] = classes
+    if hyphen:
+        head["hyphenated"] = len(hyphen)
+    lines = {w: w + (HOST_MARK if w in hosts else "") for w in kept}
+    marks = dict(parts)
+    for p in hyphen:
+        marks[p] = marks.get(p, "") + IN_HYPHENATED
+    for s, k in stems.items():
+        marks[s] = marks.get(s, "") + _CLASSES[k]
+    for w, roles in marks.items():
+        only = "" if w in lines else ONLY_IN_COMPOUND
+        lines[w] = lines.get(w, w) + PART_MARK + roles + only
     with tmp.open("wb") as f, gzip.GzipFile("", "wb", compresslevel=9, fileobj=f, mtime=0) as raw:
         raw.write((json.dumps(head, ensure_ascii=False) + "\n").encode())
-        raw.write("".join(w + (HOST_MARK if w in hosts else "") + "\n" for w in kept).encode())
+        raw.write("".join(lines[w] + "\n" for w in sorted(lines)).encode())
     tmp.replace(path)
     return path.stat().st_size
+
+
+def tail_classes(words: Iterable[str], tails: Sequence[str]) -> tuple[list[list[str]], dict[str, int]]:
+    """The sets of `tails` that follow many stems in `words` (at most 10: infinitive and gerund take all
+    of them, an imperative some), and the stems whose tails in `words` are exactly one such set, with
+    its number. The file writes such a stem, marked, and none of its words: the reader rebuilds exactly
+    them."""
+    index = {t: i for i, t in enumerate(sorted(set(tails)))}
+    by_length: dict[int, set[str]] = {}
+    for t in index:
+        by_length.setdefault(len(t), set()).add(t)
+    found: dict[str, int] = {}  # stem -> bitmask of the tails that follow it
+    for w in words:
+        for n, ends in by_length.items():
+            if len(w) > n and w[-n:] in ends:
+                found[w[:-n]] = found.get(w[:-n], 0) | 1 << index[w[-n:]]
+    # the sets that save the most lines: each stem in one saves as many lines as the set has tails
+    saving: dict[int, int] = {}
+    for mask in found.values():
+        saving[mask] = saving.get(mask, 0) + mask.bit_count() - 1
+    best = sorted((m for m in saving if m.bit_count() >= 4), key=lambda m: (-saving[m], m))[: len(_CLASSES)]
+    classes = [[t for t, i in index.items() if mask >> i & 1] for mask in best]
+    number = {mask: k for k, mask in enumerate(best)}
+    return classes, {stem: number[mask] for stem, mask in found.items() if mask in number}
 
 
 def read_lexicon(path: Path) -> Lexicon:
@@ -202,8 +350,26 @@ def read_lexicon(path: Path) -> Lexicon:
         if not isinstance(header, dict) or header.get("format") != FORMAT:
             raise ValueError(f"{path}: not a lexicon (want format {FORMAT!r} in its first line)")
         lines = f.read().split("\n")
-    words = [w.rstrip(HOST_MARK) for w in lines if w]
-    return Lexicon(words, (w[:-1] for w in lines if w.endswith(HOST_MARK)))
+    compound = header.get("compound") or {}
+    iconv = [(a, b) for a, b in header.get("iconv", [])]
+    elision = header.get("elision") or {}
+    tails = header.get("tails") or []
+    if not compound and not tails and not header.get("hyphenated"):  # a plain word list (Spanish: with hosts)
+        words = [w.rstrip(HOST_MARK) for w in lines if w]
+        hosts = (w[:-1] for w in lines if w.endswith(HOST_MARK))
+        return Lexicon(words, hosts, iconv=iconv, elision=elision)
+    words, hosts, parts = [], [], {}
+    for line in lines:
+        w, _, roles = line.partition(PART_MARK)
+        if not w:
+            continue
+        if roles:
+            parts[w.rstrip(HOST_MARK)] = roles
+        if ONLY_IN_COMPOUND not in roles:
+            words.append(w.rstrip(HOST_MARK))
+        if w.endswith(HOST_MARK):
+            hosts.append(w[:-1])
+    return Lexicon(words, hosts, parts, int(compound.get("min", 3)), iconv, elision, tails)
 
 
 def non_words(
