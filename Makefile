@@ -142,7 +142,8 @@ tokenizer: data-check install
 # Trains into $(RUN) (last.pt every 100 steps and on Ctrl-C / SIGTERM; the best weights so far
 # in $(RUN)/release). TRAIN_ARGS=--resume continues exactly where it stopped;
 # TRAIN_ARGS="--init-from $(MODEL)" continues from the shipped model (how it was trained, see its card).
-TRAIN_SETTINGS = --config small --lr 1.5e-3 --warmup 1000 --max-tokens 3000 --valid-bleu-sentences 400 --threads 2
+TRAIN_SETTINGS = --config small --lr 1.5e-3 --warmup 1000 --max-tokens 3000 --valid-bleu-sentences 400 --threads 2 \
+  --keep-snapshots 8
 train: data-check install
 	$(PY) -m model.train --data $(DATA) --tokenizer $(TOKENIZER) --run-dir $(RUN) \
 	  --release-dir $(RUN)/release $(TRAIN_SETTINGS) --valid-every 250 $(TRAIN_ARGS)
