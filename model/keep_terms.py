@@ -219,14 +219,14 @@ def word_reason(stats: TermStats) -> str | None:
             return f"English word ('{w}' translated in {1 - stats.en_lower_kept / stats.en_lower:.0%})"
     english = stats.en_lower >= max(WORD_MIN_PAIRS, WORD_SRC_SHARE * stats.count)
     if english and stats.es_alone >= max(WORD_MIN_PAIRS, WORD_ES_SHARE * stats.es_total):
-        return f"word in both languages ('{w}' alone in {stats.es_alone} Spanish targets)"
+        return f"word in both languages ('{w}' alone in {stats.es_alone} targets)"
     if stats.term.islower():
         if len(stats.term) < 3:
             return "lowercase, 2 characters"
         if stats.copy_share < LOWER_MIN_COPY:
             return f"lowercase, copied {stats.copy_share:.0%} < {LOWER_MIN_COPY:.0%}"
         if stats.es_alone > max(LOWER_MAX_ES_ALONE, LOWER_MAX_ES_ALONE_SHARE * stats.count):
-            return f"lowercase, alone in {stats.es_alone} Spanish targets"
+            return f"lowercase, alone in {stats.es_alone} targets"
         if stats.family_translated:
             return f"lowercase, '{stats.family_translated}' is translated"
     return None
