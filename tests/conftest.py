@@ -167,6 +167,31 @@ def shipped_bundle(tmp_path_factory) -> Path:
     return run_export(SHIPPED_CHECKPOINT, out, "--variants", "fp32,int8")
 
 
+@pytest.fixture(scope="session")
+def shipped_store(shipped_bundle, tmp_path_factory) -> Path:
+    """A model store with the bundle of every model shipped in models/ (what `make run` serves): the
+    default one from `shipped_bundle`, each other one bundles/<name> when it is fresh, else its
+    checkpoint exported (fp32) to a tmp dir. Links, so nothing is copied."""
+    from runtime.bundle import BundleError, load_manifest
+    from server.store import bundle_is_stale, shipped_checkpoints
+
+    store = tmp_path_factory.mktemp("shipped-store")
+    (store / SHIPPED_CHECKPOINT.name).symlink_to(shipped_bundle.resolve(), target_is_directory=True)
+    for checkpoint in shipped_checkpoints(SHIPPED_CHECKPOINT.parent):
+        if checkpoint.name == SHIPPED_CHECKPOINT.name:
+            continue
+        bundle = REPO_ROOT / "bundles" / checkpoint.name
+        try:
+            load_manifest(bundle, "fp32")
+            fresh = not bundle_is_stale(bundle, checkpoint)
+        except (BundleError, OSError):
+            fresh = False
+        if not fresh:
+            bundle = run_export(checkpoint, tmp_path_factory.mktemp("shipped") / checkpoint.name)
+        (store / checkpoint.name).symlink_to(bundle.resolve(), target_is_directory=True)
+    return store
+
+
 # ---- in-process servers ----------------------------------------------------------------------------
 
 

@@ -97,12 +97,12 @@ class DocServer:
 
 
 @pytest.fixture(scope="module")
-def doc_server(shipped_bundle, tmp_path_factory) -> Iterator[DocServer]:
-    """`python -m server` with the shipped model and default settings (like `make run`)."""
+def doc_server(shipped_store, tmp_path_factory) -> Iterator[DocServer]:
+    """`python -m server` with every shipped model and default settings (like `make run`)."""
     port, metrics_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRANSLATOR_")}
     env.update(
-        TRANSLATOR_MODEL_DIR=str(shipped_bundle),
+        TRANSLATOR_MODEL_DIR=str(shipped_store),
         TRANSLATOR_HOST="127.0.0.1",
         TRANSLATOR_PORT=str(port),
         TRANSLATOR_METRICS_PORT=str(metrics_port),
