@@ -89,7 +89,8 @@ weblate: $(WEBLATE_VENV)/.installed
 # Debian tools the tests drive for real: promtool/prometheus (metrics, rules, dashboard queries),
 # apertium (baseline), nginx (gRPC load balancing), docker-compose (compose files, validated without
 # an engine).
-# The -dev packages, gcc and pkg-config build Weblate's C dependencies (make weblate).
+# The -dev packages, gcc and pkg-config build Weblate's C dependencies (make weblate). nodejs and npm
+# only where there is no npm yet: Debian's npm conflicts with a NodeSource nodejs (which has its own).
 system-deps:
 	@command -v promtool >/dev/null && command -v apertium >/dev/null && command -v nginx >/dev/null \
 	  && [ -e /usr/share/hunspell/es_ES.dic ] && [ -e /usr/share/hunspell/fr.dic ] && [ -e /usr/share/hunspell/de_DE.dic ] \
@@ -104,7 +105,7 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    prometheus apertium apertium-eng-spa nginx docker-compose gettext chromium chromium-driver hunspell-es lttoolbox-dev \
 	    hunspell-fr-classical hunspell-de-de hunspell-it hunspell-pt-br \
-	    nodejs npm \
+	    $$(command -v npm >/dev/null || echo nodejs npm) \
 	    pkg-config gcc python3-dev liblz4-dev libzstd-dev libxxhash-dev libacl1-dev libcairo2-dev \
 	    libgirepository1.0-dev libtesseract-dev libleptonica-dev >/dev/null; }
 
