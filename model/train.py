@@ -605,7 +605,15 @@ def main(argv: list[str] | None = None) -> None:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    stop = False
+
+    def finished() -> bool:
+        """Whether the run is at its end: --max-steps, or a cooldown that is over. Checked before the
+        first step too, so running a finished stage again (make model after an interruption) trains
+        nothing."""
+        over = cooldown_start is not None and cfg.cooldown and step >= cooldown_start + cfg.cooldown
+        return bool(cfg.max_steps and step >= cfg.max_steps) or bool(over)
+
+    stop = finished()
     while epoch < cfg.epochs and not stop:
         rng.setstate(epoch_rng)
         batches = make_batches(
@@ -665,9 +673,7 @@ def main(argv: list[str] | None = None) -> None:
                 return
             if cooldown_start is not None and step >= cooldown_start + cfg.cooldown:
                 tqdm.write(f"cooldown finished at step {step}", file=sys.stderr)
-                stop = True
-                break
-            if time.time() > deadline or (cfg.max_steps and step >= cfg.max_steps):
+            if time.time() > deadline or finished():
                 stop = True
                 break
         else:

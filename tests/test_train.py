@@ -124,6 +124,22 @@ def test_a_stopped_run_resumes_exactly(tiny_data, tiny_model, tmp_path):
     assert info["target_language"] == "es"  # a corpus without a manifest is Spanish
 
 
+def test_a_finished_stage_run_again_trains_nothing(tiny_data, tmp_path):
+    """make model reruns its stages after an interruption: a stage already at its --max-steps, or a
+    cooldown already over, must not take one more step."""
+    run = tmp_path / "run"
+    _run(tiny_data, run, "--max-steps", "3")
+    _run(tiny_data, run, "--max-steps", "5", "--resume", "--cooldown", "2")
+    done = torch.load(run / "last.pt", weights_only=False)
+    assert done["step"] == 5 and done["cooldown_start"] == 3
+    for extra in (("--max-steps", "3"), ("--max-steps", "5", "--cooldown", "2")):
+        _run(tiny_data, run, "--resume", *extra)
+        again = torch.load(run / "last.pt", weights_only=False)
+        assert again["step"] == 5
+        for name, tensor in done["model"].items():
+            assert torch.equal(tensor, again["model"][name]), name
+
+
 def test_a_release_records_its_corpus_target_language_for_the_export(tiny_data, tmp_path):
     french = tmp_path / "data-fr"
     shutil.copytree(tiny_data, french)
