@@ -199,3 +199,21 @@ def test_a_suggestion_asked_while_the_model_loads_waits_for_it(weblate, server_l
     finally:
         gate.set()
         server.stop(1)
+
+
+def test_suggestions_come_in_every_shipped_language(weblate, start_server, shipped_store):
+    """Weblate asks for the unit's own target language: every model `make run` serves answers its units."""
+    server = start_server(shipped_store, http_port=free_port(), threads=1)
+    targets = sorted(
+        json.loads((bundle / "manifest.json").read_text())["target_language"]
+        for bundle in shipped_store.iterdir()
+    )
+    units = [{**unit, "target": target} for target in targets for unit in PLACEHOLDER_UNITS]
+    seen = run(weblate, {"url": url(server), "units": units})
+    assert set(targets) <= set(seen["languages"])
+    for unit, got in zip(units, seen["units"], strict=True):
+        assert "error" not in got, (unit, got)
+        (suggestion,) = got["suggestions"]
+        assert suggestion and suggestion != unit["source"], (unit, suggestion)
+        assert all(p in suggestion for p in unit["keep"]), (unit, suggestion)
+    assert seen["rate_limited"] is False
