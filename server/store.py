@@ -6,9 +6,10 @@ nothing else:
 * --model-dir / TRANSLATOR_MODEL_DIR set: that bundle, as it is;
 * not set: <bundles-dir>/en-es-small (--bundles-dir / TRANSLATOR_BUNDLES_DIR, default <repo>/bundles),
   the bundle `make bundle` exports from the shipped checkpoint models/en-es-small, and beside it the
-  bundle of every other model shipped in models/ (models/en-fr-small -> <bundles-dir>/en-fr-small;
-  `make run` exports them all). When a checkpoint is in the checkout, its bundle must exist and be at
-  least as new as its weights (model.safetensors).
+  bundle of every other model shipped in models/ that is exported there (models/en-fr-small ->
+  <bundles-dir>/en-fr-small; `make run` exports them all; one not exported is left out, with a
+  warning). The default checkpoint's bundle must exist, and every bundle served must be at least as new
+  as its checkpoint's weights (model.safetensors).
 
 Several models (docs/service.md, "Several models"): --models / TRANSLATOR_MODELS (comma-separated bundle
 dirs, or names of bundles in the bundles dir) serves those; a --model-dir that is not a bundle but holds
@@ -24,6 +25,7 @@ is the command that makes the bundle. Resolving reads file metadata only.
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 from pathlib import Path
 
@@ -38,6 +40,7 @@ DEFAULT_BUNDLE_DIR = DEFAULT_BUNDLES_DIR / DEFAULT_MODEL_NAME
 DEFAULT_CHECKPOINT_DIR = REPO_ROOT / "models" / DEFAULT_MODEL_NAME
 
 MANIFEST = "manifest.json"
+log = logging.getLogger("server.store")
 CHECKPOINT_FILES = ("config.json", "model.safetensors")
 
 
@@ -157,8 +160,9 @@ def resolve_bundles(
 ) -> list[Path]:
     """The bundle dirs to serve, in order: `models` (comma-separated paths or names in `bundles_dir`),
     else every bundle under a `model_dir` that is a store of bundles, else `resolve_bundle`'s one; with
-    neither set, the bundle of every checkpoint shipped beside `checkpoint` (models/*: each must be
-    exported and fresh, as the default one must), the default model first."""
+    neither set, the default bundle and the bundle of every other checkpoint shipped beside `checkpoint`
+    (models/*) that is exported to `bundles_dir` (fresh, as the default one must be; one not exported is
+    left out with a warning naming its export command), the default model first."""
     root = Path(bundles_dir) if bundles_dir else DEFAULT_BUNDLES_DIR
     names = [m.strip() for m in models.split(",") if m.strip()]
     if names:
@@ -177,7 +181,15 @@ def resolve_bundles(
             return found
     if not model_dir and is_checkpoint(checkpoint):
         others = [c for c in shipped_checkpoints(checkpoint.parent) if c.name != checkpoint.name]
-        shipped = [checkpoint, *others]
+        missing = [c for c in others if not is_bundle(root / c.name)]
+        for c in missing:  # served once exported; the default model alone must be there
+            log.warning(
+                "not serving %s: it has no bundle in %s; export it with %s",
+                c.name,
+                _shown(root),
+                export_command(c, root / c.name),
+            )
+        shipped = [checkpoint, *(c for c in others if c not in missing)]
         return [_default_bundle(root / c.name, c) for c in shipped]
     return [resolve_bundle(model_dir, bundles_dir, checkpoint)]
 

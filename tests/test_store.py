@@ -3,6 +3,7 @@ there is none (it never exports). File layouts only: no model is loaded."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -91,7 +92,7 @@ def test_the_shipped_model_is_exported_with_make_bundle(tmp_path, monkeypatch):
     assert "BUNDLE ?= bundles/$(notdir $(MODEL))\n" in makefile  # so: models/en-es-small, bundles/en-es-small
 
 
-def test_every_shipped_model_is_served_the_default_first(tmp_path):
+def test_every_shipped_model_is_served_the_default_first(tmp_path, caplog):
     models, root = tmp_path / "models", tmp_path / "bundles"
     default = make_checkpoint(models / "en-es-small")
     french = make_checkpoint(models / "en-fr-small")
@@ -99,9 +100,10 @@ def test_every_shipped_model_is_served_the_default_first(tmp_path):
     (models / "notes").mkdir()  # not a checkpoint: ignored
     make_bundle(root / "en-es-small")
     make_bundle(root / "en-de-small")
-    with pytest.raises(StoreError, match="no model bundle at") as e:  # French is shipped but not exported
-        store.resolve_bundles("", root, checkpoint=default)
-    assert f"--checkpoint {french} --out {root / 'en-fr-small'}" in str(e.value)
+    with caplog.at_level(logging.WARNING, logger="server.store"):  # French is shipped but not exported
+        served = store.resolve_bundles("", root, checkpoint=default)
+    assert [p.name for p in served] == ["en-es-small", "en-de-small"]
+    assert f"--checkpoint {french} --out {root / 'en-fr-small'}" in caplog.text
     make_bundle(root / "en-fr-small", mtime=500.0)
     with pytest.raises(StoreError, match="older than the checkpoint"):
         store.resolve_bundles("", root, checkpoint=default)
