@@ -670,7 +670,9 @@ def main(argv: list[str] | None = None) -> None:
                     f"stopped by signal {stopping['signal']} at step {step}; resume with --resume",
                     file=sys.stderr,
                 )
-                return
+                # As a process killed by the signal would: a recipe (make model) stops here instead of
+                # going on to its next stage with a run that has not reached its end.
+                raise SystemExit(128 + stopping["signal"])
             if cooldown_start is not None and step >= cooldown_start + cfg.cooldown:
                 tqdm.write(f"cooldown finished at step {step}", file=sys.stderr)
             if time.time() > deadline or finished():

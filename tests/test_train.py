@@ -5,6 +5,7 @@ import io
 import json
 import random
 import shutil
+import time
 import warnings
 from pathlib import Path
 
@@ -138,6 +139,30 @@ def test_a_finished_stage_run_again_trains_nothing(tiny_data, tmp_path):
         assert again["step"] == 5
         for name, tensor in done["model"].items():
             assert torch.equal(tensor, again["model"][name]), name
+
+
+def test_a_run_stopped_by_a_signal_exits_as_the_signal_would(tiny_data, tmp_path):
+    """make model runs its stages one after the other: a stage stopped by SIGTERM must not look done."""
+    import signal
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "model.train", "--data", str(tiny_data), "--tokenizer", str(TOKENIZER),
+           "--run-dir", str(run), "--release-dir", str(run / "rel"), "--config", "small",
+           "--max-tokens", "40", "--max-sentences", "4", "--valid-every", "100000", "--save-every", "1",
+           "--warmup", "2", "--threads", "1", "--max-steps", "100000"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "last.pt").is_file() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)  # a step is checkpointed: training is under way
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "stopped by signal 15" in err and "resume with --resume" in err
 
 
 def test_a_release_records_its_corpus_target_language_for_the_export(tiny_data, tmp_path):
