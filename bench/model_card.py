@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from bench import evaluate, everyday, unseen_words
-from model.languages import Language, manifest_language
+from model.languages import Language, corpus_language, manifest_language
 from runtime.faithful.terms import read_term_list
 
 REPORTS = {
@@ -32,14 +32,9 @@ REPORTS = {
 }
 
 
-def target_language(data: Path) -> Language:
-    """The model's target language: its corpus manifest's (model/languages.py has what differs)."""
-    return manifest_language(json.loads((data / "manifest.json").read_text()))
-
-
 def run_evaluations(args: argparse.Namespace) -> None:
     common = ["--data", str(args.data), "--split", "test", "--n", str(args.n), "--beam", str(args.beam)]
-    lang = target_language(args.data)
+    lang = corpus_language(args.data)  # model/languages.py has what differs per language
     # Apertium is the peer where Debian has an English pair for the language (Spanish only, here).
     apertium = (
         [] if args.no_apertium or not lang.apertium else ["--apertium", "--apertium-pair", lang.apertium]
