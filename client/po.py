@@ -53,7 +53,6 @@ from client.cli import (
 )
 from client.core import TranslatorError
 from client.po_stream import Run, stream
-from runtime.languages import plural_forms
 from runtime.po_catalog import (
     CatalogError,
     Job,
@@ -63,10 +62,10 @@ from runtime.po_catalog import (
     merge_previous,
     nplurals,
     plan,
-    plural_header,
     read_catalog,
     read_catalog_file,
     require_msgfmt,
+    target_plural_header,
     update_header,
     write_checked,
 )
@@ -238,11 +237,7 @@ def translate_catalog(run: Run, source: str, target: str) -> Outcome:
     markers = markers_of(po, args.accelerator)
     jobs, outcome.skipped = plan(po, mode, markers, resumed)
     update_header(po, stem, run.generator, revised=bool(jobs), target=language or None)
-    try:
-        expected = plural_header(plural_forms(language or "es"))
-    except KeyError:
-        expected = "no rule known"
-    n_forms = nplurals(po, expected, language or "es")
+    n_forms = nplurals(po, target_plural_header(language or "es"), language or "es")
     by_entry = {id(j.entry): j for j in jobs}
     if out_path is not None:
         out_path.parent.mkdir(parents=True, exist_ok=True)

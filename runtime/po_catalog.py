@@ -24,7 +24,7 @@ from pathlib import Path
 import polib
 
 from runtime import subprocess_run
-from runtime.languages import PluralForms, TargetLanguage, normalise_code, target_language
+from runtime.languages import PluralForms, TargetLanguage, normalise_code, plural_forms, target_language
 from runtime.po_text import (
     CREDIT_MSGIDS,
     catalog_markers,
@@ -320,6 +320,15 @@ def plural_header(forms: PluralForms) -> str:
         if depth == 0 and i < len(expr) - 1:
             whole = False  # "(n == 1) ? 0 : 1": the first parenthesis closes before the end
     return f"nplurals={forms.nplurals}; plural={expr if whole else f'({expr})'};"
+
+
+def target_plural_header(target: str) -> str:
+    """The Plural-Forms gettext gives `target` (runtime/languages.json), as msginit writes it, for
+    nplurals()'s message; "no rule known" for a language without data."""
+    try:
+        return plural_header(plural_forms(target))
+    except KeyError:
+        return "no rule known"
 
 
 def _same_language(declared: str, target: TargetLanguage | None, code: str) -> bool:

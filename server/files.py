@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any, TypeVar
 
-from runtime.languages import plural_forms
 from runtime.po_catalog import (
     CatalogError,
     CatalogLimits,
@@ -41,9 +40,9 @@ from runtime.po_catalog import (
     markers_of,
     nplurals,
     plan,
-    plural_header,
     read_catalog,
     require_msgfmt,
+    target_plural_header,
     update_header,
     write_checked,
 )
@@ -348,12 +347,8 @@ def _prepare_catalog(
     markers = markers_of(po, "auto")
     jobs, _skipped = plan(po, "untranslated", markers)
     update_header(po, PurePath(name).stem or "messages", GENERATOR, revised=bool(jobs), target=target)
-    try:
-        expected = plural_header(plural_forms(target))
-    except KeyError:
-        expected = "no rule known"
     # After update_header: the Plural-Forms that will be written, bounded (a catalog's own is kept).
-    n_forms = nplurals(po, expected, name_of(bcp47(target)))
+    n_forms = nplurals(po, target_plural_header(target), name_of(bcp47(target)))
     return _Catalog(po, jobs, markers, n_forms)
 
 
