@@ -75,10 +75,14 @@ def routed_server(request, store, start_server):
 
 
 def models_of(caplog, rpc: str = "Translate") -> list[str]:
+    """The models named by the request log lines of `rpc` (a TranslateStream call's own line names none:
+    its items' lines do)."""
     return [
         r.fields["model"]
         for r in caplog.records
-        if r.name == "server.requests" and getattr(r, "fields", {}).get("rpc") == rpc
+        if r.name == "server.requests"
+        and getattr(r, "fields", {}).get("rpc") == rpc
+        and (rpc == "Translate" or "model" in r.fields)
     ]
 
 
@@ -319,17 +323,6 @@ def test_the_cli_takes_a_pair(routed_server, capsys, caplog):
     assert f"fr is not supported as target: the models translate {SERVED}" in capsys.readouterr().err
 
 
-def stream_models(caplog) -> set[str]:
-    """The models that answered stream items (the call's own log line names none)."""
-    return {
-        r.fields["model"]
-        for r in caplog.records
-        if r.name == "server.requests"
-        and getattr(r, "fields", {}).get("rpc") == "TranslateStream"
-        and "model" in r.fields
-    }
-
-
 def _catalog(path: Path, language: str) -> Path:
     path.write_text(
         'msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n'
@@ -350,13 +343,13 @@ def test_the_po_command_takes_each_catalogs_language_or_to(routed_server, tmp_pa
     base = ["--target", routed_server.target, "--wait-s", "0", "--no-progress"]
     german = _catalog(tmp_path / "de.po", "de")
     assert po_main([*base, str(german), "-o", str(tmp_path / "de.out.po")]) == 0
-    assert stream_models(caplog) == {"tiny-en-de"}
+    assert set(models_of(caplog, "TranslateStream")) == {"tiny-en-de"}
     out = polib.pofile(str(tmp_path / "de.out.po"))
     assert out.metadata["Language"] == "de" and out.metadata["Plural-Forms"] == "nplurals=2; plural=(n != 1);"
     caplog.clear()
     template = _catalog(tmp_path / "app.pot", "")
     assert po_main([*base, str(template), "--to", "pt-BR", "-o", str(tmp_path / "pt.po")]) == 0
-    assert stream_models(caplog) == {"tiny-en-pt"}
+    assert set(models_of(caplog, "TranslateStream")) == {"tiny-en-pt"}
     out = polib.pofile(str(tmp_path / "pt.po"))
     assert (
         out.metadata["Language"] == "pt_BR" and out.metadata["Plural-Forms"] == "nplurals=2; plural=(n > 1);"
@@ -374,7 +367,7 @@ def test_the_po_command_takes_each_catalogs_language_or_to(routed_server, tmp_pa
     assert po_main([*base, str(french), "-o", str(tmp_path / "fr.out.po")]) == 1
     err = capsys.readouterr().err
     assert "its Language header ('fr') is a language the server does not serve" in err and SERVED in err
-    assert not stream_models(caplog) and not (tmp_path / "fr.out.po").exists()
+    assert not set(models_of(caplog, "TranslateStream")) and not (tmp_path / "fr.out.po").exists()
 
 
 def test_the_po_command_does_not_import_the_cli_module():
