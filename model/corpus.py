@@ -43,7 +43,15 @@ from model.debs import (  # noqa: F401 - cached_deb: re-exported
     download_packages,
     iter_deb_members,
 )
-from model.dictionaries import apertium_pairs, dictionary_variants, freedict_pairs, member_pattern
+from model.dictionaries import (
+    DICTIONARY_CAP_PAIRS,
+    apertium_pairs,
+    common_word_pairs,
+    dictionary_variants,
+    english_word_counts,
+    freedict_pairs,
+    member_pattern,
+)
 from model.languages import (
     DEFAULT_LANGUAGE,
     ENGLISH_HELP,
@@ -446,6 +454,41 @@ def _read_job(job: tuple[str, ...]) -> tuple[list[Pair], Counter, Counter]:
 # Assembly
 
 
+def cap_dictionaries(pairs: list[Pair], dictionary_packages: Iterable[str]) -> tuple[list[Pair], dict]:
+    """Cut each dictionary larger than DICTIONARY_CAP_PAIRS down to its pairs of the commonest words, as
+    counted in the training split's catalogs (model/dictionaries.py: common_word_pairs). Returns the
+    pairs and, per capped dictionary, how many it had and kept (for the manifest)."""
+    packages = set(dictionary_packages)
+    by_package: dict[str, list[Pair]] = defaultdict(list)
+    for pair in pairs:
+        if pair.package in packages:
+            by_package[pair.package].append(pair)
+    oversized = {p: found for p, found in by_package.items() if len(found) > DICTIONARY_CAP_PAIRS}
+    if not oversized:
+        return pairs, {}
+    counts = english_word_counts(
+        p.source
+        for p in pairs
+        if p.package not in packages and split_of(package_family(p.package)) == "train"
+    )
+    kept: dict[str, set[int]] = {}
+    for package, found in oversized.items():
+        kept[package] = {
+            id(found[i])
+            for i in common_word_pairs([(p.source, p.target) for p in found], counts, DICTIONARY_CAP_PAIRS)
+        }
+    capped = [p for p in pairs if p.package not in kept or id(p) in kept[p.package]]
+    report = {
+        p: {
+            "pairs": len(found),
+            "kept": len(kept[p]),
+            "rule": f"the {DICTIONARY_CAP_PAIRS} pairs of the words commonest in the training catalogs",
+        }
+        for p, found in oversized.items()
+    }
+    return capped, report
+
+
 def dedupe(pairs: Iterable[Pair]) -> list[Pair]:
     """One copy of each (source, target), the first seen, listing every package that ships it."""
     first: dict[tuple[str, str], Pair] = {}
@@ -546,6 +589,7 @@ def build(
             votes.update(headers)
             progress.set_postfix(pairs=len(all_pairs))
     raw = len(all_pairs)
+    all_pairs, capped_dictionaries = cap_dictionaries(all_pairs, dictionary_packages)
     splits = split_pairs(all_pairs)
     novel = {name: sum(bool(p.novel) for p in splits[name]) for name in ("valid", "test")}
     checksums = write_splits(out, splits, target.code)
@@ -564,6 +608,7 @@ def build(
         f"<{TEST_PERCENT + VALID_PERCENT} valid, else train; "
         f"pinned to train: {sorted(PINNED_TRAIN_FAMILIES)}",
         "pairs_after_cleaning": raw,
+        "capped_dictionaries": capped_dictionaries,
         "pairs_after_dedupe": sum(len(pairs) for pairs in splits.values()),
         "dedupe": "within each split; train keeps every pair, held-out pairs are labelled novel or not",
         "novel": novel,

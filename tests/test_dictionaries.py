@@ -8,11 +8,13 @@ from itertools import zip_longest
 import pytest
 
 from model.common_strings import common_strings
-from model.corpus import Pair, split_of, split_pairs
+from model.corpus import Pair, cap_dictionaries, split_of, split_pairs
 from model.dictionaries import (
     apertium_pairs,
     clean_lemma,
+    common_word_pairs,
     dictionary_variants,
+    english_word_counts,
     freedict_pairs,
     software_packages,
     states_on_cycles,
@@ -148,6 +150,41 @@ def test_dictionaries_stay_in_train_and_out_of_memory_and_common_strings(tmp_pat
         Pair("Cup", "Taza", "kalzium", "1", "kalzium.mo"),
     ])  # fmt: skip
     assert [p.novel for p in splits[split_of("kalzium")]] == [False]
+
+
+def test_an_oversized_dictionary_keeps_the_pairs_of_common_words():
+    counts = english_word_counts(["Open the file", "Save the file", "Open", "Open a cup"])
+    assert counts["open"] == 3 and counts["file"] == 2 and counts["cup"] == 1
+    pairs = [
+        ("gorse", "Stechginster"),  # a word the catalogs never use
+        ("open", "offen"),
+        ("open", "öffnen"),
+        ("open", "eröffnen"),  # past the senses kept per entry
+        ("file", "Datei"),
+        ("open file", "offene Datei"),  # a phrase: its rarest word's count over 2 squared
+        ("cup", "Tasse"),
+    ]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("model.dictionaries.SENSES_PER_ENTRY", 2)
+        assert common_word_pairs(pairs, counts, cap=len(pairs)) == list(range(len(pairs)))
+        # kept in dictionary order: open (3), file (2), open's second sense (3/2), cup (1)
+        assert common_word_pairs(pairs, counts, cap=4) == [1, 2, 4, 6]
+
+
+def test_cap_dictionaries_counts_only_training_catalogs_and_leaves_small_dictionaries(monkeypatch):
+    monkeypatch.setattr("model.corpus.DICTIONARY_CAP_PAIRS", 1)
+    held_out = next(f for f in ("kalzium", "grub", "pidgin", "digikam") if split_of(f) != "train")
+    pairs = [
+        Pair("Open", "Öffnen", "gedit", "1", "gedit.mo"),
+        Pair("Gorse", "Stechginster", held_out, "1", "x.mo"),  # held out: its words are not counted
+        Pair("gorse", "Stechginster", "dict-freedict-eng-deu", "1", "dict-freedict-eng-deu"),
+        Pair("open", "offen", "dict-freedict-eng-deu", "1", "dict-freedict-eng-deu"),
+        Pair("cup", "Taza", "apertium-eng-spa", "1", "apertium-eng-spa:n"),
+    ]
+    kept, report = cap_dictionaries(pairs, ["dict-freedict-eng-deu", "apertium-eng-spa"])
+    assert [p.source for p in kept] == ["Open", "Gorse", "open", "cup"]
+    assert report["dict-freedict-eng-deu"]["pairs"] == 2 and report["dict-freedict-eng-deu"]["kept"] == 1
+    assert "apertium-eng-spa" not in report
 
 
 @pytest.mark.skipif(shutil.which("lt-print") is None or shutil.which("lt-comp") is None, reason="lttoolbox")
