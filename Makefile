@@ -183,8 +183,9 @@ tune-decoding: data-check install bundle
 # One recipe, from the corpus to the released, tuned, carded model of a language (make model
 # CORPUS_LANG=fr). Each stage is skipped when its output exists, and training resumes where it stopped,
 # so the recipe can be run again after an interruption. Training: MODEL_STEPS - MODEL_COOLDOWN steps at
-# the schedule's rate, then a linear cooldown to 0 over MODEL_COOLDOWN steps; the release is the mean of
-# the last AVERAGE_LAST validation snapshots. A new tokenizer is trained for the run into $(RUN)/tokenizer/.
+# the schedule's rate, then a linear cooldown to 0 over MODEL_COOLDOWN steps; the release is the run's
+# best step or the mean of the last AVERAGE_LAST validation snapshots, whichever scores higher on valid
+# (model/pick.py). A new tokenizer is trained for the run into $(RUN)/tokenizer/.
 # The times in the README are this machine's (2 cores); docs/gpu.md trains on a GPU instead.
 MODEL_STEPS ?= 26000
 MODEL_COOLDOWN ?= 3000
@@ -201,7 +202,8 @@ model: install
 	  --resume --cooldown $(MODEL_COOLDOWN) --max-steps $(MODEL_STEPS)
 	$(MAKE) --no-print-directory average TOKENIZER=$(RUN_TOKENIZER)
 	@mkdir -p $(MODEL)
-	$(MAKE) --no-print-directory release keep-terms memory RELEASE=$(RUN)/averaged
+	choice=$$($(PY) -m model.pick $(RUN)/release $(RUN)/averaged) && \
+	  $(MAKE) --no-print-directory release keep-terms memory RELEASE=$$choice
 	@if $(PY) -c 'import sys; from model.languages import language; sys.exit(not language("$(CORPUS_LANG)").hunspell)'; \
 	then $(MAKE) --no-print-directory lexicon; \
 	else echo "no hunspell dictionary for $(CORPUS_LANG) in model/languages.py: the lexical guard stays off"; fi
