@@ -5,9 +5,11 @@
 One command (`make model-card`) produces every number in the card: it runs `bench.evaluate` on the
 test split (PyTorch reference decoder, side by side with Apertium), then the same sample through the
 serving engine's fp32 and int8 variants, then the first-five-minutes set of everyday inputs through the
-service's text layer (`bench.everyday`), and renders the card from those reports, `data/manifest.json`
+service's text layer (`bench.everyday`), then a held-out package's catalog filled and checked with
+`msgfmt -c` (`bench.held_out_catalog`), and renders the card from those reports, `data/manifest.json`
 and the model's `training.json` / `decoding.json`. The reports are kept next to the card
-(`eval.json`, `eval-fp32.json`, `eval-int8.json`, `eval-service.json`, `eval-everyday.json`).
+(`eval.json`, `eval-fp32.json`, `eval-int8.json`, `eval-service.json`, `eval-everyday.json`,
+`eval-catalog.json`).
 `--no-evaluate` re-renders from the kept reports.
 """
 
@@ -19,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench import evaluate, everyday, unseen_words
+from bench import evaluate, everyday, held_out_catalog, unseen_words
 from model.languages import Language, corpus_language, manifest_language
 from runtime.faithful.terms import read_term_list
 
@@ -29,6 +31,7 @@ REPORTS = {
     "int8": "eval-int8.json",
     "service": "eval-service.json",  # fp32 through the text layer: what the service returns
     "everyday": "eval-everyday.json",  # the first five minutes (bench.everyday), through the text layer too
+    "catalog": "eval-catalog.json",  # a held-out package's catalog as `client po` fills it (msgfmt -c)
 }
 
 
@@ -58,6 +61,8 @@ def run_evaluations(args: argparse.Namespace) -> None:
             ["--bundle", str(args.bundle), "--variant", "fp32", "--data", str(args.data),
              "--set", str(everyday_set), "--json", str(args.model / REPORTS["everyday"])]
         )  # fmt: skip
+    catalog = ["--data", str(args.data), "--bundle", str(args.bundle)]
+    held_out_catalog.main([*catalog, "--json", str(args.model / REPORTS["catalog"])])
 
 
 def _shipped_weights(best: dict) -> str:
@@ -333,6 +338,8 @@ def render(args: argparse.Namespace) -> str:
             "",
             f"First five minutes: no everyday set in {lang.name} yet (`bench/data/everyday-{lang.code}.jsonl`).",
         ]
+    if "catalog" in reports:
+        out += held_out_catalog.card_lines(reports["catalog"])
     out += [
         "",
         "## Data",

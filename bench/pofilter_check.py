@@ -29,7 +29,16 @@ from pathlib import Path
 import polib
 
 from runtime.decoding import DecodingOptions
-from runtime.po_catalog import fill, leave_out, markers_of, nplurals, plan, update_header, write_checked
+from runtime.po_catalog import (
+    fill,
+    leave_out,
+    markers_of,
+    nplurals,
+    plan,
+    target_plural_header,
+    update_header,
+    write_checked,
+)
 from server.contract import Hypothesis, Prepared
 
 # The tests the issue names first: quotes, start punctuation, and what code spans break.
@@ -92,14 +101,22 @@ def translate(engine, cached: CachedEngine, texts: list[str]) -> list[Hypothesis
     return [hyps[0] for hyps in step]
 
 
-def fill_catalog(engine, cached: CachedEngine, pot: Path, sample: int) -> polib.POFile:
-    """The template filled as `python -m client po` fills it (every `sample`-th entry when > 1)."""
+def fill_catalog(
+    engine,
+    cached: CachedEngine,
+    pot: Path,
+    sample: int,
+    target: str | None = None,
+    generator: str = "bench.pofilter_check",
+) -> polib.POFile:
+    """The template filled as `python -m client po` fills it (every `sample`-th entry when > 1), for
+    `target` (a language code; None: Spanish, the client's default) as its --to would."""
     po = polib.pofile(str(pot))
     markers = markers_of(po, "auto")
     jobs, _ = plan(po, "untranslated", markers)
     jobs = jobs[::sample] if sample > 1 else jobs
-    update_header(po, pot.stem, "bench.pofilter_check", revised=True)
-    n_forms = nplurals(po)
+    update_header(po, pot.stem, generator, revised=True, target=target)
+    n_forms = nplurals(po, target_plural_header(target or "es"), target or "es")
     texts = list(dict.fromkeys(t for j in jobs for t in j.sources))
     best = dict(zip(texts, translate(engine, cached, texts), strict=True))
     for job in jobs:
