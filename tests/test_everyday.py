@@ -1,7 +1,8 @@
 """The first-five-minutes set (bench/data/everyday.jsonl) and its scorer (bench.everyday): the set's
 schema, the normaliser and the judge on hand-written cases, and one run on the shipped bundle over a few
 items of each category, through to the model card's section (no assertion on the score itself). The
-French set (bench/data/everyday-fr.jsonl) has the same items with French references."""
+French set (bench/data/everyday-fr.jsonl) and the German set (bench/data/everyday-de.jsonl) have the same
+items with French and German references."""
 
 import argparse
 import json
@@ -19,6 +20,7 @@ from runtime.bundle import load_manifest
 from runtime.faithful.lexicon import LEXICON_FILE, non_words, read_lexicon
 
 FRENCH_SET = DEFAULT_SET.with_name("everyday-fr.jsonl")
+GERMAN_SET = DEFAULT_SET.with_name("everyday-de.jsonl")
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +31,11 @@ def rows() -> list[dict]:
 @pytest.fixture(scope="module")
 def fr_rows() -> list[dict]:
     return [json.loads(line) for line in FRENCH_SET.read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.fixture(scope="module")
+def de_rows() -> list[dict]:
+    return [json.loads(line) for line in GERMAN_SET.read_text(encoding="utf-8").splitlines()]
 
 
 # --------------------------------------------------------------------------------------------
@@ -124,6 +131,79 @@ def test_the_french_set_takes_tu_and_vous_and_the_ui_infinitive(fr_rows):
     assert not judge("Salut ! Comment allez-vous ?", hi)
 
 
+def test_the_german_set_has_the_same_items_with_german_references(rows, de_rows):
+    assert everyday.set_for("de") == GERMAN_SET
+    assert_well_formed(de_rows)
+    assert [(r["id"], r["category"], r["source"]) for r in de_rows] == [
+        (r["id"], r["category"], r["source"]) for r in rows
+    ]
+    assert [item.id for item in load_items(GERMAN_SET)] == [row["id"] for row in rows]
+
+
+# The only German references that are the English source as it is: the same word in both languages.
+SAME_IN_GERMAN = {"greeting-002": "Hi", "greeting-004": "Hey!", "app-066": "Online"}
+
+
+def test_no_german_reference_is_the_english_source_left_untranslated(de_rows):
+    same = {
+        row["id"]: a for row in de_rows for a in row["accepted"] if normalise(a) == normalise(row["source"])
+    }
+    assert same == SAME_IN_GERMAN
+
+
+# What a translation must carry over as it is: numbers, placeholders, markup, and the names and brands
+# of the set (Spain, Canada become Spanien, Kanada; these do not change).
+_KEPT = re.compile(r"\{[^{}]*\}|%\w|</?\w[^>]*>|\d+(?:[:.]\d+)*")
+_NAMES = ("Ana", "Anna", "Carmen", "Laura", "John", "Paul", "Madrid", "Google", "Facebook", "Bluetooth", "QR")
+
+
+def test_every_german_reference_keeps_the_source_s_numbers_placeholders_and_names(de_rows):
+    checked, lost = 0, []
+    for row in de_rows:
+        kept = _KEPT.findall(row["source"])
+        kept += [name for name in _NAMES if re.search(rf"\b{name}\b", row["source"])]
+        checked += bool(kept)
+        lost += [(row["id"], token, a) for a in row["accepted"] for token in kept if token not in a]
+    assert lost == []
+    assert checked >= 15  # 8 characters, 12 others, 3 messages, 10:45, Ana, Google, Laura, ...
+
+
+def test_the_german_set_takes_du_and_sie_and_the_ui_infinitive(de_rows):
+    by_source = {row["source"]: row["accepted"] for row in de_rows}
+    hello, how = by_source["Hello!"], by_source["How are you?"]
+    assert judge("Hallo!", hello) and judge("Hi", hello) and not judge("Hölle!", hello)
+    assert judge("Wie geht es dir?", how) and judge("Wie geht es Ihnen?", how) and judge("Wie geht's?", how)
+    accepted = [
+        ("Sign in", "Anmelden"), ("Sign in", "Einloggen"), ("Sign in", "Melden Sie sich an"),
+        ("Sign in", "Melde dich an"), ("Log out", "Abmelden"), ("Log out", "Ausloggen"),
+        ("Sign up", "Registrieren"), ("Like", "Gefällt mir"), ("Unmute", "Stummschaltung aufheben"),
+        ("Unmute", "Ton einschalten"), ("Add to cart", "In den Warenkorb"), ("Good morning", "Guten Morgen"),
+        ("Thank you very much", "Vielen Dank"), ("Thank you very much", "Herzlichen Dank"),
+        ("Thank you very much", "Danke schön"), ("Unlike", '"Gefällt mir" entfernen'),
+        ("The train leaves at half past eight.", "Der Zug fährt um halb neun ab."),
+    ]  # fmt: skip
+    assert [pair for pair in accepted if not judge(pair[1], by_source[pair[0]])] == []
+    rejected = [
+        ("Good morning", "Guter Morgen"), ("Thank you very much", "Danke sehr viel"),
+        ("Sign up", "Unterschreiben"), ("Like", "Wie"), ("Unmute", "Entstummen"),
+        ("Add to cart", "Zur Karte hinzufügen"), ("Skip", "Uberspringen"),
+        ("The train leaves at half past eight.", "Der Zug fährt um halb acht ab."),
+    ]  # fmt: skip
+    assert [pair for pair in rejected if judge(pair[1], by_source[pair[0]])] == []
+    # a register mix across the sentences of a text is a miss
+    table, order = (
+        by_source["Your table is ready. Please follow me."],
+        by_source["Thank you for your order. We will send you an email when it ships."],
+    )
+    assert judge("Ihr Tisch ist bereit. Bitte folgen Sie mir.", table)
+    assert judge("Dein Tisch ist bereit. Folge mir bitte!", table)
+    assert not judge("Ihr Tisch ist bereit. Folge mir bitte.", table)
+    assert judge("Danke für deine Bestellung. Wir senden dir eine E-Mail, sobald sie versandt wird.", order)
+    assert not judge(
+        "Danke für Ihre Bestellung. Wir senden dir eine E-Mail, sobald sie versandt wird.", order
+    )
+
+
 def test_the_french_spacing_rule_changes_no_spanish_reference(rows):
     spaced = re.compile(r"\s[!?:;\u00bb]|\u00ab\s")
     assert not [a for row in rows for a in row["accepted"] if spaced.search(a)]
@@ -173,6 +253,9 @@ def test_a_malformed_set_is_refused(tmp_path: Path):
         ("Ouvrir « Fichier »", 'ouvrir "fichier"'),
         ("Ouvrir «\u00a0Fichier\u00a0»", 'ouvrir "fichier"'),
         ("Dernière connexion : 10:45", "dernière connexion: 10:45"),
+        # German quotes, low and high, read as straight ones
+        ("„Gefällt mir“ entfernen", '"gefällt mir" entfernen'),
+        ("Er sagte ‚Hallo‘", "er sagte 'hallo'"),
     ],
 )
 def test_normalise(text: str, expected: str):
@@ -318,27 +401,31 @@ def test_a_language_without_an_everyday_set_or_apertium_pair_skips_them(monkeypa
 
     evaluations: list[list[str]] = []
     monkeypatch.setattr(model_card.evaluate, "main", evaluations.append)
-    monkeypatch.setattr(model_card.everyday, "main", lambda argv: pytest.fail("no German everyday set"))
+    monkeypatch.setattr(model_card.everyday, "main", lambda argv: pytest.fail("no Italian everyday set"))
     bundle, model, data = tmp_path / "bundle", tmp_path / "model", tmp_path / "data"
     bundle.mkdir()
     data.mkdir()
     (bundle / "manifest.json").write_text(json.dumps({"variants": {"fp32": {}}}), encoding="utf-8")
-    (data / "manifest.json").write_text(json.dumps({"language": {"code": "de"}}), encoding="utf-8")
-    assert everyday.set_for("de") is None and everyday.set_for("es") == everyday.DEFAULT_SET
+    (data / "manifest.json").write_text(json.dumps({"language": {"code": "it"}}), encoding="utf-8")
+    assert everyday.set_for("it") is None and everyday.set_for("es") == everyday.DEFAULT_SET
     model_card.run_evaluations(
         argparse.Namespace(model=model, data=data, bundle=bundle, n=10, beam=4, common=5, no_apertium=False)
     )
     assert evaluations and not any("--apertium" in argv for argv in evaluations)
-    # French has its everyday set (and no Apertium pair): the card runs it
-    (data / "manifest.json").write_text(json.dumps({"language": {"code": "fr"}}), encoding="utf-8")
-    evaluations.clear()
+    # French and German have their everyday sets (and no Apertium pair): the card runs them
     calls: list[list[str]] = []
     monkeypatch.setattr(model_card.everyday, "main", calls.append)
-    model_card.run_evaluations(
-        argparse.Namespace(model=model, data=data, bundle=bundle, n=10, beam=4, common=5, no_apertium=False)
-    )
-    assert not any("--apertium" in argv for argv in evaluations)
-    assert len(calls) == 1 and calls[0][calls[0].index("--set") + 1] == str(FRENCH_SET)
+    for code, the_set in (("fr", FRENCH_SET), ("de", GERMAN_SET)):
+        (data / "manifest.json").write_text(json.dumps({"language": {"code": code}}), encoding="utf-8")
+        evaluations.clear()
+        calls.clear()
+        model_card.run_evaluations(
+            argparse.Namespace(
+                model=model, data=data, bundle=bundle, n=10, beam=4, common=5, no_apertium=False
+            )
+        )
+        assert not any("--apertium" in argv for argv in evaluations)
+        assert len(calls) == 1 and calls[0][calls[0].index("--set") + 1] == str(the_set)
     (data / "manifest.json").write_text(json.dumps({"language": {"code": "es"}}), encoding="utf-8")
     evaluations.clear()
     monkeypatch.setattr(model_card.everyday, "main", lambda argv: None)
