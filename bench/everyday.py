@@ -8,8 +8,9 @@ short plain sentences and short texts of two or three sentences. Each item lists
 professional would accept: tú and usted (and the plural forms where the source may address several
 people), Spain and Latin America (ordenador/computadora, móvil/celular, coche/carro/auto).
 ``bench/data/everyday-fr.jsonl`` has the same items with French references, written by hand the same
-way (tu and vous, the infinitive of UI commands beside the imperative, common synonyms); ``set_for``
-finds a language's set.
+way (tu and vous, the infinitive of UI commands beside the imperative, common synonyms), and
+``everyday-de.jsonl`` with German ones (du and Sie, the infinitive of UI commands beside the imperative);
+``set_for`` finds a language's set. Case-folding makes ß and ss one, and Sie and sie.
 
 Every source goes through the serving engine's text layer with the bundle's decoding defaults, as the
 service translates it (``bench.evaluate.translate_onnx(..., text_layer=True)``: segmentation, masking,
