@@ -201,6 +201,17 @@ def test_a_suggestion_asked_while_the_model_loads_waits_for_it(weblate, server_l
         server.stop(1)
 
 
+def test_the_configuration_saves_against_what_make_run_serves(weblate, start_server, shipped_store):
+    """Weblate's check translates "test" English -> German (validate_settings): the shipped German model
+    answers it, so the settings form, `install_machinery` and the API save the service."""
+    server = start_server(shipped_store, http_port=free_port(), threads=1)
+    seen = run(weblate, {"url": url(server), "validate": True, "units": [{"source": "Save", "target": "de"}]})
+    assert seen["validate"] == "ok"
+    assert {"es", "de"} <= set(seen["languages"])
+    (suggestion,) = seen["units"][0]["suggestions"]
+    assert suggestion == "Speichern"
+
+
 def test_suggestions_come_in_every_shipped_language(weblate, start_server, shipped_store):
     """Weblate asks for the unit's own target language: every model `make run` serves answers its units."""
     server = start_server(shipped_store, http_port=free_port(), threads=1)
