@@ -57,8 +57,12 @@ class Apertium:
         self.timeout = timeout
         self._proc: subprocess.Popen[bytes] | None = None
         self._pending = b""
+        mode_file = APERTIUM_DATADIR / "modes" / f"{self.pair}.mode"
+        if not mode_file.exists():
+            # without the file, apertium-wblank-mode prints nothing and bash fails on its own options
+            found = sorted(p.stem for p in mode_file.parent.glob("*.mode"))
+            raise RuntimeError(f"no Apertium mode {self.pair!r} in {mode_file.parent} (found {found})")
         if mode == "stream":
-            mode_file = APERTIUM_DATADIR / "modes" / f"{self.pair}.mode"
             script = subprocess.run(
                 ["apertium-wblank-mode", "-z", str(mode_file)], capture_output=True, text=True, check=True
             ).stdout.strip()

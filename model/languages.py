@@ -134,7 +134,7 @@ LANGUAGES: dict[str, Language] = {
             "es",
             "es",
             (Dictionary("apertium", "apertium-eng-spa", "eng-spa.autobil.bin"), _freedict("spa")),
-            apertium="en-es",
+            apertium="eng-spa",  # the mode apertium-eng-spa installs (no en-es in Debian 12)
             hunspell="hunspell-es",
             hunspell_dicts=("es_*",),  # all of them, as the shipped lexicon was built: links to es_ES.dic
         ),

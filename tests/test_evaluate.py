@@ -269,6 +269,18 @@ def test_apertium_one_sentence():
         assert apertium.translate("") == ""
 
 
+def test_the_spanish_apertium_peer_is_a_mode_debian_installs_and_a_missing_one_is_named():
+    """model/languages.py names the card's peer; a mode that is not installed is an error naming it
+    (it used to start an empty pipeline that died with bash's usage text)."""
+    _apertium_or_skip()
+    from model.languages import language
+
+    with Apertium(language("es").apertium) as apertium:
+        assert apertium.translate("The house is big.") == "La casa es grande."
+    with pytest.raises(RuntimeError, match="no Apertium mode 'xx-yy'.*eng-spa"):
+        Apertium("xx-yy")
+
+
 def test_apertium_stream_matches_per_segment_on_multiline():
     _apertium_or_skip()
     segments = ["Open the file.", "Save the file?\nThe window is closed.", "Hello world", "Copy %s to {name}"]
