@@ -33,11 +33,12 @@ from pathlib import Path
 
 import polib
 
+from model.corpus import read_mo
 from model.debs import cached_deb, iter_deb_members
 from model.languages import Language, corpus_language
 from runtime.bundle import load_manifest
 from runtime.catalog import CREDIT_MSGIDS
-from runtime.languages import normalise_code
+from runtime.languages import normalise_code, parse_plural_forms
 from runtime.po_catalog import LEFT_OUT, markers_of, target_plural_header, write_checked
 from runtime.po_text import gettext_count
 
@@ -207,9 +208,7 @@ def pick_catalog(data: Path, lang: Language, work: Path) -> dict:
             missing.append(package)
             continue
         for member, blob in iter_deb_members(deb, lang.mo_pattern()):
-            mo = work / "candidate.mo"
-            mo.write_bytes(blob)
-            entries = [e for e in polib.mofile(str(mo)) if e.msgid]
+            entries = [e for e in read_mo(blob)[1] if e.msgid]
             plurals = sum(bool(e.msgid_plural) for e in entries)
             key = (plurals > 0, len(entries))
             if best_key is None or key > best_key:  # strict: the first in name order wins a tie
@@ -223,7 +222,6 @@ def pick_catalog(data: Path, lang: Language, work: Path) -> dict:
         raise NoCatalog(f"no {lang.name} catalog in the test split's packages of {data}{no_deb}")
     mo = work / Path(best["catalog"]).name
     mo.write_bytes(best.pop("blob"))
-    (work / "candidate.mo").unlink(missing_ok=True)
     return best | {"mo": mo}
 
 
@@ -289,7 +287,7 @@ def evaluate(
     entries = [e for e in pot if e.msgid]
     credits = sum(e.msgid.strip().lower() in CREDIT_MSGIDS for e in entries)
     filled = [e for e in machine if e.msgid and (e.msgstr or any(e.msgstr_plural.values()))]
-    nplurals = int(re.search(r"nplurals\s*=\s*(\d+)", written["plural_forms"]).group(1))
+    nplurals = parse_plural_forms(written["plural_forms"]).nplurals
     scores = score(machine, ref)
     return {
         "package": picked["package"],

@@ -479,8 +479,7 @@ def cap_dictionaries(pairs: list[Pair], dictionary_packages: Iterable[str]) -> t
     kept: dict[str, set[int]] = {}
     for package, found in oversized.items():
         kept[package] = {
-            id(found[i])
-            for i in common_word_pairs([(p.source, p.target) for p in found], counts, DICTIONARY_CAP_PAIRS)
+            id(found[i]) for i in common_word_pairs([p.source for p in found], counts, DICTIONARY_CAP_PAIRS)
         }
     capped = [p for p in pairs if p.package not in kept or id(p) in kept[p.package]]
     report = {

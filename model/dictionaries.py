@@ -262,18 +262,19 @@ def english_word_counts(sources: Iterable[str]) -> Counter[str]:
 
 
 def common_word_pairs(
-    pairs: list[tuple[str, str]], word_counts: Counter[str], cap: int = DICTIONARY_CAP_PAIRS
+    sources: list[str], word_counts: Counter[str], cap: int = DICTIONARY_CAP_PAIRS
 ) -> list[int]:
-    """Indices (in dictionary order) of the pairs a capped dictionary keeps: all when it has at most
+    """Indices (in dictionary order) of the pairs a capped dictionary keeps, given each pair's English
+    source (the translation plays no part): all when it has at most
     `cap`; else the first SENSES_PER_ENTRY pairs of each entry, ranked by the catalog count of the
     entry's rarest word divided by the square of its word count (an entry whose words the software never
     uses ranks last; a phrase of common words, `table display`, must not crowd out the words, `cup`),
     and by the sense's rank, then dictionary order, the first `cap` of them."""
-    if len(pairs) <= cap:
-        return list(range(len(pairs)))
+    if len(sources) <= cap:
+        return list(range(len(sources)))
     seen: Counter[str] = Counter()
     candidates = []
-    for index, (source, _) in enumerate(pairs):
+    for index, source in enumerate(sources):
         entry = source.lower()
         seen[entry] += 1
         if seen[entry] > SENSES_PER_ENTRY:

@@ -23,19 +23,23 @@ FRENCH_SET = DEFAULT_SET.with_name("everyday-fr.jsonl")
 GERMAN_SET = DEFAULT_SET.with_name("everyday-de.jsonl")
 
 
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
 @pytest.fixture(scope="module")
 def rows() -> list[dict]:
-    return [json.loads(line) for line in DEFAULT_SET.read_text(encoding="utf-8").splitlines()]
+    return read_rows(DEFAULT_SET)
 
 
 @pytest.fixture(scope="module")
 def fr_rows() -> list[dict]:
-    return [json.loads(line) for line in FRENCH_SET.read_text(encoding="utf-8").splitlines()]
+    return read_rows(FRENCH_SET)
 
 
 @pytest.fixture(scope="module")
 def de_rows() -> list[dict]:
-    return [json.loads(line) for line in GERMAN_SET.read_text(encoding="utf-8").splitlines()]
+    return read_rows(GERMAN_SET)
 
 
 # --------------------------------------------------------------------------------------------
@@ -89,24 +93,35 @@ def test_the_set_holds_the_issue_s_examples_and_rejects_their_outputs(rows):
     assert judge("Mi ordenador va muy lento.", slow) and judge("Mi computadora está muy lenta.", slow)
 
 
-def test_the_french_set_has_the_same_items_with_french_references(rows, fr_rows):
-    assert everyday.set_for("fr") == FRENCH_SET
-    assert_well_formed(fr_rows)
-    assert [(r["id"], r["category"], r["source"]) for r in fr_rows] == [
+# The only references that are the English source as it is: the same word in both languages.
+SAME_IN_FRENCH = {"politeness-044": "Pardon ?", "app-030": "Notifications"}
+SAME_IN_GERMAN = {"greeting-002": "Hi", "greeting-004": "Hey!", "app-066": "Online"}
+TRANSLATED_SETS = pytest.mark.parametrize(
+    ("code", "path", "same_as_source"),
+    [("fr", FRENCH_SET, SAME_IN_FRENCH), ("de", GERMAN_SET, SAME_IN_GERMAN)],
+)
+
+
+@TRANSLATED_SETS
+def test_each_language_s_set_has_the_same_items_with_its_references(rows, code, path, same_as_source):
+    assert everyday.set_for(code) == path
+    translated = read_rows(path)
+    assert_well_formed(translated)
+    assert [(r["id"], r["category"], r["source"]) for r in translated] == [
         (r["id"], r["category"], r["source"]) for r in rows
     ]
-    assert [item.id for item in load_items(FRENCH_SET)] == [row["id"] for row in rows]
+    assert [item.id for item in load_items(path)] == [row["id"] for row in rows]
 
 
-# The only French references that are the English source as it is: the same word in both languages.
-SAME_IN_FRENCH = {"politeness-044": "Pardon ?", "app-030": "Notifications"}
-
-
-def test_no_french_reference_is_the_english_source_left_untranslated(fr_rows):
+@TRANSLATED_SETS
+def test_no_reference_is_the_english_source_left_untranslated(code, path, same_as_source):
     same = {
-        row["id"]: a for row in fr_rows for a in row["accepted"] if normalise(a) == normalise(row["source"])
+        row["id"]: a
+        for row in read_rows(path)
+        for a in row["accepted"]
+        if normalise(a) == normalise(row["source"])
     }
-    assert same == SAME_IN_FRENCH
+    assert same == same_as_source
 
 
 def test_the_french_set_takes_tu_and_vous_and_the_ui_infinitive(fr_rows):
@@ -129,26 +144,6 @@ def test_the_french_set_takes_tu_and_vous_and_the_ui_infinitive(fr_rows):
     hi = by_source["Hi! How are you?"]
     assert judge("Salut ! Comment vas-tu ?", hi) and judge("Salut! Comment vas-tu?", hi)
     assert not judge("Salut ! Comment allez-vous ?", hi)
-
-
-def test_the_german_set_has_the_same_items_with_german_references(rows, de_rows):
-    assert everyday.set_for("de") == GERMAN_SET
-    assert_well_formed(de_rows)
-    assert [(r["id"], r["category"], r["source"]) for r in de_rows] == [
-        (r["id"], r["category"], r["source"]) for r in rows
-    ]
-    assert [item.id for item in load_items(GERMAN_SET)] == [row["id"] for row in rows]
-
-
-# The only German references that are the English source as it is: the same word in both languages.
-SAME_IN_GERMAN = {"greeting-002": "Hi", "greeting-004": "Hey!", "app-066": "Online"}
-
-
-def test_no_german_reference_is_the_english_source_left_untranslated(de_rows):
-    same = {
-        row["id"]: a for row in de_rows for a in row["accepted"] if normalise(a) == normalise(row["source"])
-    }
-    assert same == SAME_IN_GERMAN
 
 
 # What a translation must carry over as it is: numbers, placeholders, markup, and the names and brands
