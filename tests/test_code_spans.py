@@ -92,6 +92,9 @@ def test_the_shipped_model_puts_a_weblate_mask_where_the_placeholder_goes(shippe
         # Apostrophes are not quotes.
         ("Don't use the users' files", []),
         ("Mousepad won't ask", []),
+        # A placeholder alone between quotes: the placeholder is protected, the quotes are the model's.
+        ('Create "%1" in %2', []),
+        ("Delete '%s' tag?", []),
     ],
 )
 def test_quoted_literals_are_kept_with_their_quotes(text, kept):
@@ -99,8 +102,11 @@ def test_quoted_literals_are_kept_with_their_quotes(text, kept):
 
 
 def test_what_makes_quoted_text_code():
-    assert is_code("%s") and is_code("-l") and is_code("x86_64") and is_code("FILE") and is_code("vpath")
+    assert is_code("%s", gnu=True) and is_code("-l") and is_code("x86_64") and is_code("FILE")
+    assert is_code("vpath")
     assert is_code("help name", gnu=True) and not is_code("help name")
+    # A placeholder alone between straight or curly quotes: the translators restyle the quotes.
+    assert not is_code("%s") and not is_code("%1") and not is_code("{name}")
     assert not is_code("Other") and not is_code("Whole disk", gnu=True) and not is_code("")
 
 
