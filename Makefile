@@ -163,8 +163,10 @@ average: data-check install
 	  --data $(DATA) --threads 2 --out $(RUN)/averaged
 
 # Terms the human translations copy unchanged (program and product names): the text layer keeps them.
+# With the language's lexicon in $(MODEL) (make lexicon), the language's own lowercase words are not kept.
 keep-terms: data-check install
-	$(PY) -m model.keep_terms --data $(DATA) --out $(MODEL)/keep_terms.txt
+	$(PY) -m model.keep_terms --data $(DATA) --out $(MODEL)/keep_terms.txt \
+	  $(if $(wildcard $(MODEL)/lexicon.txt.gz),--lexicon $(MODEL)/lexicon.txt.gz)
 
 # The translation memory: each training source with the translation Debian's packages agree on.
 memory: data-check install
@@ -202,11 +204,11 @@ model: install
 	  --resume --cooldown $(MODEL_COOLDOWN) --max-steps $(MODEL_STEPS)
 	$(MAKE) --no-print-directory average TOKENIZER=$(RUN_TOKENIZER)
 	@mkdir -p $(MODEL)
-	choice=$$($(PY) -m model.pick $(RUN)/release $(RUN)/averaged) && \
-	  $(MAKE) --no-print-directory release keep-terms memory RELEASE=$$choice
 	@if $(PY) -c 'import sys; from model.languages import language; sys.exit(not language("$(CORPUS_LANG)").hunspell)'; \
 	then $(MAKE) --no-print-directory lexicon; \
 	else echo "no hunspell dictionary for $(CORPUS_LANG) in model/languages.py: the lexical guard stays off"; fi
+	choice=$$($(PY) -m model.pick $(RUN)/release $(RUN)/averaged) && \
+	  $(MAKE) --no-print-directory release keep-terms memory RELEASE=$$choice
 	$(MAKE) --no-print-directory tune-decoding model-card
 
 # The report goes to runs/eval.json (the model card's own reports, in $(MODEL)/, are make model-card's).

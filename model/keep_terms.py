@@ -32,10 +32,15 @@ Selection (terms are case-sensitive: ``GNOME`` is listed, ``gnome`` is not):
       ``systemd``): it has 2 characters, or is copied in under ``LOWER_MIN_COPY`` (98%) of its pairs, or
       Spanish uses it on its own (b's count above ``max(1, 2% of count)``), or an inflection or its
       capitalised form is in at least 2 sources and mostly translated (``hooks``: ``hook``);
-   d. or it is in ``STOP_WORDS``: words both languages write the same (``no``, ``error``, ``normal``,
-      ``general``, ``color``, ``video``, ``control``, ``terminal``...) and generic English words
-      (``Foundation``, ``Premium``, ``Pro``) too rare in lowercase for a and b to recognise, found by
-      reading the generated list.
+   d. or it is in ``STOP_WORDS``: English words that other languages borrow or write alike (``no``,
+      ``error``, ``normal``, ``general``, ``color``, ``video``, ``control``, ``terminal``...) and generic
+      English words (``Foundation``, ``Premium``, ``Pro``) too rare in lowercase for a and b to recognise,
+      found by reading the generated Spanish list (rejecting a term is the safe side in any language: the
+      model is left to copy or translate it);
+   e. or, with ``--lexicon`` (the target language's hunspell word list, ``model.lexicon``), it is a plain
+      lowercase word (letters only) that the target language has: the French copies of ``invasion``,
+      ``religion``, ``permutations`` or ``quotient`` are French words, not names. ``make model`` builds
+      the lexicon before this list.
 
 File format: ``#`` comment lines (what the file is and how to regenerate it), then one term per line, most
 frequent first, as ``term<TAB>count<TAB>copied``. Readers take the first tab-separated field and skip blank
@@ -53,6 +58,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime.faithful.lexicon import Lexicon, read_lexicon
 from runtime.faithful.terms import SOURCE_WORD, read_term_list
 from runtime.splits import read_split
 from runtime.tokenizer import PLACEHOLDER_PATTERN
@@ -78,8 +84,9 @@ _NUMBER = re.compile(r"[\d.,+\-_]+")
 _HEX = re.compile(r"(?=.*\d)[0-9a-fA-F]{8,}")
 _URL = re.compile(r"\b(?:[a-z][a-z0-9+.-]*://|www\.|mailto:)\S*|\S+@\S+\.\w+", re.IGNORECASE)
 
-# Rule 4d, compared in lowercase. Words Spanish writes as English does, with the same meaning (a name-like
-# copy share is then no evidence of a name), and generic English words the corpus rarely has in lowercase.
+# Rule 4d, compared in lowercase. English words that Spanish (and often other languages) writes alike, with
+# the same meaning (a name-like copy share is then no evidence of a name), and generic English words the
+# corpus rarely has in lowercase. Rule 4e finds each language's own with its lexicon.
 SHARED_WORDS = frozenset(
     """no error normal general total local manual color video radio control final central digital virtual
     global original principal simple animal hotel idea mental natural plural personal popular regular social
@@ -209,11 +216,17 @@ def inflections(word: str) -> list[str]:
     return [f for f in dict.fromkeys(forms) if f != word]
 
 
-def word_reason(stats: TermStats) -> str | None:
-    """Rule 4: why the term looks like an ordinary word rather than a name (None: it looks like a name)."""
+_PLAIN_LOWER = re.compile(r"[^\W\d_]+")
+
+
+def word_reason(stats: TermStats, lexicon: Lexicon | None = None) -> str | None:
+    """Rule 4: why the term looks like an ordinary word rather than a name (None: it looks like a name).
+    `lexicon`: the target language's words (rule 4e)."""
     w = stats.term.lower()
     if w in STOP_WORDS:
         return "stop word"
+    if lexicon is not None and stats.term.islower() and _PLAIN_LOWER.fullmatch(w) and w in lexicon:
+        return "lowercase, a word of the target language"
     if stats.en_lower >= max(WORD_MIN_PAIRS_EN, WORD_SRC_SHARE * stats.count):
         if stats.en_lower_kept < 0.5 * stats.en_lower:
             return f"English word ('{w}' translated in {1 - stats.en_lower_kept / stats.en_lower:.0%})"
@@ -233,7 +246,10 @@ def word_reason(stats: TermStats) -> str | None:
 
 
 def select(
-    stats: dict[str, TermStats], min_count: int = MIN_COUNT, min_copy: float = MIN_COPY
+    stats: dict[str, TermStats],
+    min_count: int = MIN_COUNT,
+    min_copy: float = MIN_COPY,
+    lexicon: Lexicon | None = None,
 ) -> tuple[list[TermStats], list[tuple[TermStats, str]]]:
     """(kept, rejected-as-words) among the candidates (rules 2 and 3 passed), most frequent first."""
     candidates = [
@@ -242,7 +258,7 @@ def select(
     candidates.sort(key=lambda s: (-s.count, s.term))
     kept, words = [], []
     for s in candidates:
-        reason = word_reason(s)
+        reason = word_reason(s, lexicon)
         if reason is None:
             kept.append(s)
         else:
@@ -292,6 +308,13 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help=f"also write the training sources' words here (default: {SOURCE_WORDS_FILE} beside --out)",
     )
+    parser.add_argument(
+        "--lexicon",
+        type=Path,
+        default=None,
+        help="the target language's word list (model.lexicon's lexicon.txt.gz): its plain lowercase words "
+        "are not kept (rule 4e)",
+    )
     args = parser.parse_args(argv)
     words_out = args.source_words or args.out.parent / SOURCE_WORDS_FILE
 
@@ -300,8 +323,11 @@ def main(argv: list[str] | None = None) -> None:
     pairs = read_split(args.data, "train")
     print(f"counting terms in {len(pairs)} pairs ...", file=sys.stderr)
     stats = collect(pairs, progress=True)
-    kept, words = select(stats, args.min_count, args.min_copy)
+    lexicon = read_lexicon(args.lexicon) if args.lexicon else None
+    kept, words = select(stats, args.min_count, args.min_copy, lexicon)
     command = f"python -m model.keep_terms --data {args.data} --out {args.out}"
+    if args.lexicon:
+        command += f" --lexicon {args.lexicon}"
     if args.min_count != MIN_COUNT or args.min_copy != MIN_COPY:
         command += f" --min-count {args.min_count} --min-copy {args.min_copy}"
     write_keep_terms(args.out, kept, command, len(pairs))

@@ -108,6 +108,22 @@ def test_stop_words_are_never_kept(stats):
     assert "Normal" not in kept_terms(stats)
 
 
+def test_a_lowercase_word_of_the_target_language_is_rejected_with_its_lexicon(stats, tmp_path):
+    """Rule 4e: `frobctl` is kept until the target language's lexicon knows it as a word; then it is one
+    (French copies `invasion` because French writes it so, not because it is a name)."""
+    from runtime.faithful.lexicon import read_lexicon, write_lexicon
+
+    path = tmp_path / "lexicon.txt.gz"
+    write_lexicon(path, {"frobctl", "frobnicator", "casa"}, set(), {"command": "test"})
+    lexicon = read_lexicon(path)
+    assert kt.word_reason(stats["frobctl"]) is None
+    assert kt.word_reason(stats["frobctl"], lexicon) == "lowercase, a word of the target language"
+    # Only plain lowercase words: a capitalised program name the lexicon lists in lowercase stays kept.
+    assert kt.word_reason(stats["Frobnicator"], lexicon) is None
+    kept, _ = kt.select(stats, lexicon=lexicon)
+    assert [s.term for s in kept] == ["Frobnicator"]
+
+
 def test_placeholders_numbers_paths_and_short_tokens_give_no_term(stats):
     kept = kept_terms(stats)
     for noise in ("s", "0", "b", "X", "Foo", "example", "usr", "bin", "bar", "baz", "2.0", "http"):
@@ -199,3 +215,19 @@ def test_export_copies_the_list_into_the_bundle(tmp_path, monkeypatch, with_list
         assert kt.read_keep_terms(bundle / manifest["keep_terms"]) == ["GNOME", "KDE"]
     else:
         assert "keep_terms" not in manifest and not (bundle / "keep_terms.txt").exists()
+
+
+@pytest.mark.parametrize(
+    "model", sorted(p.parent.name for p in (REPO_ROOT / "models").glob(f"*/{kt.KEEP_TERMS_FILE}"))
+)
+def test_no_shipped_list_keeps_a_plain_word_of_its_language(model):
+    """Rule 4e on every shipped model with a lexicon (the French list held invasion, religion, quotient)."""
+    from runtime.faithful.lexicon import LEXICON_FILE, read_lexicon
+
+    directory = REPO_ROOT / "models" / model
+    if not (directory / LEXICON_FILE).is_file():
+        pytest.skip(f"{model} has no lexicon")
+    lexicon = read_lexicon(directory / LEXICON_FILE)
+    terms = kt.read_keep_terms(directory / kt.KEEP_TERMS_FILE)
+    words = [t for t in terms if t.islower() and t.isalpha() and t in lexicon]
+    assert not words, words[:20]
