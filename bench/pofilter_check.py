@@ -35,7 +35,6 @@ from runtime.po_catalog import (
     markers_of,
     nplurals,
     plan,
-    target_plural_header,
     update_header,
     write_checked,
 )
@@ -116,7 +115,7 @@ def fill_catalog(
     jobs, _ = plan(po, "untranslated", markers)
     jobs = jobs[::sample] if sample > 1 else jobs
     update_header(po, pot.stem, generator, revised=True, target=target)
-    n_forms = nplurals(po, target_plural_header(target or "es"), target or "es")
+    n_forms = nplurals(po, target or "es")
     texts = list(dict.fromkeys(t for j in jobs for t in j.sources))
     best = dict(zip(texts, translate(engine, cached, texts), strict=True))
     for job in jobs:

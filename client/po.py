@@ -65,7 +65,6 @@ from runtime.po_catalog import (
     read_catalog,
     read_catalog_file,
     require_msgfmt,
-    target_plural_header,
     update_header,
     write_checked,
 )
@@ -237,7 +236,7 @@ def translate_catalog(run: Run, source: str, target: str) -> Outcome:
     markers = markers_of(po, args.accelerator)
     jobs, outcome.skipped = plan(po, mode, markers, resumed)
     update_header(po, stem, run.generator, revised=bool(jobs), target=language or None)
-    n_forms = nplurals(po, target_plural_header(language or "es"), language or "es")
+    n_forms = nplurals(po, language or "es")
     by_entry = {id(j.entry): j for j in jobs}
     if out_path is not None:
         out_path.parent.mkdir(parents=True, exist_ok=True)

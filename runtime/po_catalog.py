@@ -198,22 +198,23 @@ def read_catalog_file(path: str | Path, limits: CatalogLimits | None = None) -> 
     return read_catalog(data, str(path), limits)
 
 
-def nplurals(po: polib.POFile, expected: str = SPANISH_PLURALS, name: str = "Spanish") -> int:
+def nplurals(po: polib.POFile, target: str = "es", name: str | None = None) -> int:
     """The number of plural forms the header declares (2, Spanish's, when it declares none). Every
     plural entry gets that many msgstr forms and msgfmt -c's cost grows with its square, so a number no
-    language has is refused (CatalogError) rather than obeyed. `expected` / `name`: the target
-    language's Plural-Forms and name, for the message."""
+    language has is refused (CatalogError) rather than obeyed. `target` / `name`: the target language's
+    code and the name the message gives it (default: the code); the message quotes its Plural-Forms."""
     m = re.search(r"nplurals\s*=\s*(\d+)", po.metadata.get("Plural-Forms", ""))
     if not m:
         return 2
     digits = m.group(1).lstrip("0") or "0"
     if len(digits) > 3 or not 1 <= int(digits) <= MAX_PLURAL_FORMS:
         shown = digits if len(digits) <= 12 else f"{digits[:6]}... ({len(digits)} digits)"
+        expected = target_plural_header(target)
         n_expected = re.search(r"nplurals\s*=\s*(\d+)", expected)
         count = n_expected.group(1) if n_expected else "?"
         raise CatalogError(
-            f"the header's Plural-Forms declares nplurals={shown}: {name} has {count} plural forms "
-            f"({expected}) and no language has more than {MAX_PLURAL_FORMS}; fix the header"
+            f"the header's Plural-Forms declares nplurals={shown}: {name or target} has {count} plural "
+            f"forms ({expected}) and no language has more than {MAX_PLURAL_FORMS}; fix the header"
         )
     return int(digits)
 

@@ -42,7 +42,6 @@ from runtime.po_catalog import (
     plan,
     read_catalog,
     require_msgfmt,
-    target_plural_header,
     update_header,
     write_checked,
 )
@@ -348,7 +347,7 @@ def _prepare_catalog(
     jobs, _skipped = plan(po, "untranslated", markers)
     update_header(po, PurePath(name).stem or "messages", GENERATOR, revised=bool(jobs), target=target)
     # After update_header: the Plural-Forms that will be written, bounded (a catalog's own is kept).
-    n_forms = nplurals(po, target_plural_header(target), name_of(bcp47(target)))
+    n_forms = nplurals(po, target, name_of(bcp47(target)))
     return _Catalog(po, jobs, markers, n_forms)
 
 
