@@ -396,16 +396,23 @@ def test_a_language_without_an_everyday_set_or_apertium_pair_skips_them(monkeypa
 
     evaluations: list[list[str]] = []
     monkeypatch.setattr(model_card.evaluate, "main", evaluations.append)
-    monkeypatch.setattr(model_card.everyday, "main", lambda argv: pytest.fail("no Italian everyday set"))
     bundle, model, data = tmp_path / "bundle", tmp_path / "model", tmp_path / "data"
     bundle.mkdir()
     data.mkdir()
     (bundle / "manifest.json").write_text(json.dumps({"variants": {"fp32": {}}}), encoding="utf-8")
     (data / "manifest.json").write_text(json.dumps({"language": {"code": "it"}}), encoding="utf-8")
-    assert everyday.set_for("it") is None and everyday.set_for("es") == everyday.DEFAULT_SET
-    model_card.run_evaluations(
-        argparse.Namespace(model=model, data=data, bundle=bundle, n=10, beam=4, common=5, no_apertium=False)
-    )
+    assert everyday.set_for("it") == DEFAULT_SET.with_name("everyday-it.jsonl")
+    with monkeypatch.context() as m:  # a sets folder that holds only the Spanish set
+        m.setattr(everyday, "DEFAULT_SET", tmp_path / "sets" / DEFAULT_SET.name)
+        (tmp_path / "sets").mkdir()
+        everyday.DEFAULT_SET.write_bytes(DEFAULT_SET.read_bytes())
+        m.setattr(model_card.everyday, "main", lambda argv: pytest.fail("no Italian everyday set here"))
+        assert everyday.set_for("it") is None and everyday.set_for("es") == everyday.DEFAULT_SET
+        model_card.run_evaluations(
+            argparse.Namespace(
+                model=model, data=data, bundle=bundle, n=10, beam=4, common=5, no_apertium=False
+            )
+        )
     assert evaluations and not any("--apertium" in argv for argv in evaluations)
     # French and German have their everyday sets (and no Apertium pair): the card runs them
     calls: list[list[str]] = []
