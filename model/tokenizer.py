@@ -111,6 +111,7 @@ def train_tokenizer(
 
 def main(argv: list[str] | None = None) -> None:
     from model.corpus import read_split
+    from model.multilingual import tags_of
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -127,7 +128,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     pairs = read_split(args.data, "train")
     texts = [t for pair in pairs for t in pair]
-    tokenizer = train_tokenizer(texts, args.out, args.vocab_size, args.model_type)
+    tags = tags_of(args.data)  # a multilingual corpus: each target-language tag is one piece
+    symbols = protected_symbols(texts) + tags if tags else None
+    tokenizer = train_tokenizer(texts, args.out, args.vocab_size, args.model_type, symbols=symbols)
     sample = texts[:20000]
     n_tokens = sum(len(ids) for ids in tokenizer.encode_batch(sample))
     exact = sum(

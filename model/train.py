@@ -44,9 +44,10 @@ from tqdm import tqdm
 from model.common_strings import load_common_strings, score_common_strings
 from model.corpus import read_novel, read_split
 from model.decode import greedy_decode, max_output_length
-from model.languages import DEFAULT_LANGUAGE, corpus_language
+from model.languages import DEFAULT_LANGUAGE
 from model.model import Transformer, TransformerConfig, label_smoothed_loss
 from model.tokenizer import Tokenizer
+from runtime.splits import target_language as corpus_target
 
 
 @dataclass
@@ -470,7 +471,7 @@ def main(argv: list[str] | None = None) -> None:
     rng = random.Random(cfg.seed)
 
     tokenizer = Tokenizer(args.tokenizer)
-    target_language = corpus_language(args.data).code
+    target_language = corpus_target(args.data)  # a language code, or mul (model.multilingual)
     train_pairs = read_split(args.data, "train")
     if args.max_train_pairs:
         train_pairs = train_pairs[: args.max_train_pairs]
