@@ -19,7 +19,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from client.load import free_port
 
 TIMEOUT_S = 2.0  # header, keep-alive and body timeouts of these servers
-SLACK_S = 2.0  # timers, and the server sharing this process (GIL) on a loaded 2-core machine
+SLACK_S = 5.0  # timers, and the server sharing this process (GIL) on a loaded 2-core machine (3.6 s
+# over the timeout was seen with two training runs beside the suite)
 TRICKLE = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 4096  # a head that never ends
 
 
