@@ -155,7 +155,7 @@ def _first_five_minutes(report: dict) -> list[str]:
         f"`python -m bench.everyday --set {set_name}`: greetings, politeness, app strings (sign in/up/out, like, share, "
         "follow, unmute, cart), short sentences and short texts of two or three sentences, written by hand (not taken "
         "from any catalog), each with the translations a professional would accept (both registers: tú/usted, "
-        "tu/vous, du/Sie; and the regional variants). Translated through the text layer with the decoding defaults; accepted "
+        "tu/vous, du/Sie, tu/Lei, você/o senhor; and the regional variants). Translated through the text layer with the decoding defaults; accepted "
         "when the output is one of them, case, quotes, whitespace, opening ¡¿ and final punctuation aside (and the "
         f"space French puts before ! ? : ;).{seen}",
         "",
