@@ -164,3 +164,12 @@ def test_engine_speed_runs_on_the_shipped_sample_without_a_corpus(tiny: TinyBund
         v == 0 for v in report["batch1_vs_batch32_differences"].values()
     )
     assert f"CPU: {cpu['model']}" in capsys.readouterr().out
+
+
+def test_models_loaded_starts_a_server_and_measures_it(tiny_bundle):
+    """bench.models_loaded on the tiny bundle: a real server subprocess, its memory, start-up and latency."""
+    from bench.models_loaded import measure
+
+    row = measure([tiny_bundle], requests=2, warmup=0, threads=1)
+    assert row["models"] == 1 and row["rss_mb"] > 50 and 0 < row["load_s"] < 300
+    assert list(row["p50_ms"]) == ["es"] and row["p50_ms"]["es"] > 0
