@@ -96,9 +96,21 @@ def test_the_set_holds_the_issue_s_examples_and_rejects_their_outputs(rows):
 # The only references that are the English source as it is: the same word in both languages.
 SAME_IN_FRENCH = {"politeness-044": "Pardon ?", "app-030": "Notifications"}
 SAME_IN_GERMAN = {"greeting-002": "Hi", "greeting-004": "Hey!", "app-066": "Online"}
+# The only reference that is the English source as it is: Italian software says "Online" too (beside
+# "In linea"). Login, Logout, Wi-Fi, feedback, playlist, weekend appear only inside Italian sentences.
+SAME_IN_ITALIAN = {"app-066": "Online"}
+# The only reference that is the English source as it is: Brazilian software says "Online" too (beside
+# "On-line" and "Conectado"). Login, Logout, e-mail, Wi-Fi, feedback, playlist, QR code appear only inside
+# Portuguese strings.
+SAME_IN_BRAZILIAN_PORTUGUESE = {"app-066": "Online"}
 TRANSLATED_SETS = pytest.mark.parametrize(
     ("code", "path", "same_as_source"),
-    [("fr", FRENCH_SET, SAME_IN_FRENCH), ("de", GERMAN_SET, SAME_IN_GERMAN)],
+    [
+        ("fr", FRENCH_SET, SAME_IN_FRENCH),
+        ("de", GERMAN_SET, SAME_IN_GERMAN),
+        ("it", DEFAULT_SET.with_name("everyday-it.jsonl"), SAME_IN_ITALIAN),
+        ("pt_BR", DEFAULT_SET.with_name("everyday-pt_BR.jsonl"), SAME_IN_BRAZILIAN_PORTUGUESE),
+    ],
 )
 
 
