@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
 import sacrebleu
@@ -21,7 +20,7 @@ from bench.evaluate import default_length_penalty, translate_onnx
 from runtime.tokenizer import PLACEHOLDER_PATTERN
 
 # The straight or curly pairs runtime.faithful.code reads (GNU `...' quoting is not in question here).
-_QUOTED = re.compile(r"""(?<![\w'’`"])(["'“‘])([^"'“”‘’`\n]{1,80})(["'”’])(?![\w'’])""")
+_QUOTED = code._QUOTED
 _MODEL_QUOTES = code.is_code
 
 

@@ -25,13 +25,13 @@ divided by the number of languages (each step of either run is one batch of --ma
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
+from runtime.bundle import sha256_file
 from runtime.splits import escape_line, read_split, target_language
 
 CODE = "mul"  # ISO 639-2 "multiple languages": the suffix of the target split files
@@ -45,14 +45,6 @@ def tag(language: str) -> str:
 
 def tagged(language: str, source: str) -> str:
     return f"{tag(language)} {source}"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def build_corpus(datas: list[Path], out: Path) -> dict:
@@ -86,7 +78,7 @@ def build_corpus(datas: list[Path], out: Path) -> dict:
         "languages": languages,
         "tags": {language: tag(language) for language in languages},
         "sources": {
-            language: {"data": str(data), "manifest_sha256": _sha256(data / "manifest.json")}
+            language: {"data": str(data), "manifest_sha256": sha256_file(data / "manifest.json")}
             for data, language in zip(datas, languages, strict=True)
         },
         "counts": counts,
