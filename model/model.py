@@ -1,4 +1,5 @@
-"""Encoder-decoder Transformer from "Attention Is All You Need" (Vaswani et al., 2017), post-norm.
+"""Encoder-decoder Transformer from "Attention Is All You Need" (Vaswani et al., 2017), post-norm, or
+pre-norm with `norm_first` (Xiong et al., 2020, "On Layer Normalization in the Transformer Architecture").
 
 Shape legend used in the comments:
     B batch, S source length, T target length, T_past cached target length,
@@ -32,6 +33,11 @@ class TransformerConfig:
     bos_id: int = 1
     eos_id: int = 2
     layer_norm_eps: float = 1e-5
+    # False: the paper's post-norm, LN(x + Sublayer(x)). True: pre-norm, x + Sublayer(LN(x)), plus a final
+    # LayerNorm at the end of the encoder and of the decoder (fairseq's --encoder/decoder-normalize-before).
+    # Deep post-norm stacks (a 12-layer encoder) fail to train without special initialisation; pre-norm ones
+    # do (Xiong et al. 2020; Wang et al. 2019). Configs written before the key existed load as post-norm.
+    norm_first: bool = False
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads != 0:
@@ -156,12 +162,20 @@ class EncoderLayer(nn.Module):
         self.ffn = FeedForward(config)
         self.ln2 = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.dropout)
+        self.norm_first = config.norm_first
+
+    def _self_attention(self, x: Tensor, attn_mask: Tensor) -> Tensor:
+        q, k, v = self.self_attn.project_qkv(x)  # (B, H, S, Dh) each
+        return self.self_attn.attend(q, k, v, attn_mask)  # (B, S, D)
 
     def forward(self, x: Tensor, attn_mask: Tensor) -> Tensor:
         # x (B, S, D), attn_mask (B, 1, 1, S)
-        q, k, v = self.self_attn.project_qkv(x)  # (B, H, S, Dh) each
-        x = self.ln1(x + self.dropout(self.self_attn.attend(q, k, v, attn_mask)))  # (B, S, D)
-        x = self.ln2(x + self.dropout(self.ffn(x)))  # (B, S, D)
+        if self.norm_first:  # x + Sublayer(LN(x))
+            x = x + self.dropout(self._self_attention(self.ln1(x), attn_mask))  # (B, S, D)
+            x = x + self.dropout(self.ffn(self.ln2(x)))  # (B, S, D)
+        else:  # LN(x + Sublayer(x))
+            x = self.ln1(x + self.dropout(self._self_attention(x, attn_mask)))  # (B, S, D)
+            x = self.ln2(x + self.dropout(self.ffn(x)))  # (B, S, D)
         return x
 
 
@@ -175,12 +189,10 @@ class DecoderLayer(nn.Module):
         self.ffn = FeedForward(config)
         self.ln3 = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.dropout)
+        self.norm_first = config.norm_first
 
-    def forward(
-        self, x: Tensor, cross_kv: KV, src_attn_mask: Tensor, past_kv: KV | None = None
-    ) -> tuple[Tensor, KV]:
-        """Full causal pass when past_kv is None (x is (B, T, D)); one incremental step otherwise
-        (x is (B, 1, D), past_kv each (B, H, T_past, Dh)). Returns (x, this layer's self-attention K/V)."""
+    def _self_attention(self, x: Tensor, past_kv: KV | None) -> tuple[Tensor, KV]:
+        """Causal self-attention of x (B, T, D) -> (B, T, D), and its K/V each (B, H, T_past+T, Dh)."""
         q, k, v = self.self_attn.project_qkv(x)  # (B, H, T, Dh) each
         if past_kv is None:
             a = self.self_attn.attend(q, k, v, is_causal=True)  # (B, T, D)
@@ -188,12 +200,33 @@ class DecoderLayer(nn.Module):
             k = torch.cat([past_kv[0], k], dim=2)  # (B, H, T_past+1, Dh)
             v = torch.cat([past_kv[1], v], dim=2)  # (B, H, T_past+1, Dh)
             a = self.self_attn.attend(q, k, v)  # the single new query may see every cached position
-        x = self.ln1(x + self.dropout(a))  # (B, T, D)
+        return a, (k, v)
+
+    def _cross_attention(self, x: Tensor, cross_kv: KV, src_attn_mask: Tensor) -> Tensor:
         q = self.cross_attn.project_q(x)  # (B, H, T, Dh)
-        a = self.cross_attn.attend(q, cross_kv[0], cross_kv[1], src_attn_mask)  # (B, T, D)
-        x = self.ln2(x + self.dropout(a))  # (B, T, D)
-        x = self.ln3(x + self.dropout(self.ffn(x)))  # (B, T, D)
-        return x, (k, v)
+        return self.cross_attn.attend(q, cross_kv[0], cross_kv[1], src_attn_mask)  # (B, T, D)
+
+    def forward(
+        self, x: Tensor, cross_kv: KV, src_attn_mask: Tensor, past_kv: KV | None = None
+    ) -> tuple[Tensor, KV]:
+        """Full causal pass when past_kv is None (x is (B, T, D)); one incremental step otherwise
+        (x is (B, 1, D), past_kv each (B, H, T_past, Dh)). Returns (x, this layer's self-attention K/V)."""
+        if self.norm_first:  # x + Sublayer(LN(x))
+            a, kv = self._self_attention(self.ln1(x), past_kv)
+            x = x + self.dropout(a)  # (B, T, D)
+            x = x + self.dropout(self._cross_attention(self.ln2(x), cross_kv, src_attn_mask))  # (B, T, D)
+            x = x + self.dropout(self.ffn(self.ln3(x)))  # (B, T, D)
+        else:  # LN(x + Sublayer(x))
+            a, kv = self._self_attention(x, past_kv)
+            x = self.ln1(x + self.dropout(a))  # (B, T, D)
+            x = self.ln2(x + self.dropout(self._cross_attention(x, cross_kv, src_attn_mask)))  # (B, T, D)
+            x = self.ln3(x + self.dropout(self.ffn(x)))  # (B, T, D)
+        return x, kv
+
+
+def final_layer_norm(config: TransformerConfig) -> nn.Module:
+    """The LayerNorm that ends a pre-norm stack; Identity for post-norm."""
+    return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else nn.Identity()
 
 
 class Transformer(nn.Module):
@@ -208,6 +241,10 @@ class Transformer(nn.Module):
         self.embed_dropout = nn.Dropout(config.dropout)
         self.encoder_layers = nn.ModuleList([EncoderLayer(config) for _ in range(config.n_encoder_layers)])
         self.decoder_layers = nn.ModuleList([DecoderLayer(config) for _ in range(config.n_decoder_layers)])
+        # Pre-norm leaves each stack's output un-normalised: a final LayerNorm ends each. Post-norm's last
+        # sublayer already ends in one (Identity: no parameters, the state dict keeps its keys).
+        self.encoder_ln = final_layer_norm(config)
+        self.decoder_ln = final_layer_norm(config)
         self.embed_scale = math.sqrt(config.d_model)
         self._init_weights()
 
@@ -236,7 +273,7 @@ class Transformer(nn.Module):
         x = self._embed(src, torch.arange(src.size(1), device=src.device))  # (B, S, D)
         for layer in self.encoder_layers:
             x = layer(x, attn_mask)  # (B, S, D)
-        return x, src_pad_mask
+        return self.encoder_ln(x), src_pad_mask
 
     def cross_kv(self, memory: Tensor) -> list[KV]:
         """Per decoder layer, the cross-attention (K, V) of the memory, each (B, H, S, Dh)."""
@@ -251,7 +288,7 @@ class Transformer(nn.Module):
         x = self._embed(tgt_in, torch.arange(tgt_in.size(1), device=tgt_in.device))  # (B, T, D)
         for layer, kv in zip(self.decoder_layers, self.cross_kv(memory), strict=True):
             x, _ = layer(x, kv, attn_mask)  # (B, T, D)
-        return self._logits(x)  # (B, T, V)
+        return self._logits(self.decoder_ln(x))  # (B, T, V)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
@@ -278,7 +315,7 @@ class Transformer(nn.Module):
         for layer, ckv, skv in zip(self.decoder_layers, cross_kv, self_kv, strict=True):
             x, kv = layer(x, ckv, attn_mask, past_kv=skv)  # (B, 1, D), each (B, H, T_past+1, Dh)
             new_kv.append(kv)
-        logits = self._logits(x[:, 0])  # (B, V)
+        logits = self._logits(self.decoder_ln(x[:, 0]))  # (B, V)
         return F.log_softmax(logits.float(), dim=-1), new_kv
 
 

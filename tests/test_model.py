@@ -1,21 +1,33 @@
 import itertools
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
 
 from model.decode import beam_search, gnmt_length_penalty, greedy_decode, max_output_length
 from model.model import Transformer, TransformerConfig, label_smoothed_loss, sinusoidal_positions
+from model.train import load_release
 
 PAD, BOS, EOS = 0, 1, 2
+ROOT = Path(__file__).resolve().parents[1]
 
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
 
-def tiny_model(seed: int = 0, vocab_size: int = 30, d_model: int = 32, layers: int = 2) -> Transformer:
+def tiny_model(
+    seed: int = 0,
+    vocab_size: int = 30,
+    d_model: int = 32,
+    layers: int = 2,
+    norm_first: bool = False,
+    decoder_layers: int = 0,
+) -> Transformer:
     torch.manual_seed(seed)
     cfg = TransformerConfig(
         vocab_size=vocab_size,
@@ -23,11 +35,19 @@ def tiny_model(seed: int = 0, vocab_size: int = 30, d_model: int = 32, layers: i
         n_heads=2,
         d_ff=2 * d_model,
         n_encoder_layers=layers,
-        n_decoder_layers=layers,
+        n_decoder_layers=decoder_layers or layers,
         dropout=0.0,
         max_positions=64,
+        norm_first=norm_first,
     )
-    return Transformer(cfg).eval()
+    model = Transformer(cfg).eval()
+    if norm_first:
+        # Non-trivial LayerNorm gains and biases, so that a misplaced or missing LayerNorm shows.
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "ln" in name:
+                    p.add_(0.3 * torch.randn_like(p))
+    return model
 
 
 def random_src(seed: int, vocab_size: int = 30) -> torch.Tensor:
@@ -66,6 +86,59 @@ def test_config_roundtrip():
     assert TransformerConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
     with pytest.raises(ValueError):
         TransformerConfig.from_dict({**cfg.to_dict(), "bogus": 1})
+
+
+def test_pre_norm_model_has_final_layer_norms_and_the_shapes_of_post_norm():
+    post = tiny_model(layers=4, decoder_layers=1)
+    pre = tiny_model(layers=4, decoder_layers=1, norm_first=True)
+    assert isinstance(pre.encoder_ln, nn.LayerNorm) and isinstance(pre.decoder_ln, nn.LayerNorm)
+    assert pre.encoder_ln.eps == pre.config.layer_norm_eps and pre.encoder_ln.normalized_shape == (32,)
+    assert isinstance(post.encoder_ln, nn.Identity) and isinstance(post.decoder_ln, nn.Identity)
+    # Same parameter names as post-norm plus the two final LayerNorms: old releases keep their keys.
+    extra = {"encoder_ln.weight", "encoder_ln.bias", "decoder_ln.weight", "decoder_ln.bias"}
+    assert set(pre.state_dict()) == set(post.state_dict()) | extra
+    src = random_src(10)
+    tgt = torch.randint(3, 30, (3, 5), generator=torch.Generator().manual_seed(11))
+    tgt[:, 0] = BOS
+    logits = pre(src, tgt)
+    assert logits.shape == (3, 5, 30) and torch.isfinite(logits).all()
+    memory, pad_mask = pre.encode(src)
+    assert memory.shape == (3, 7, 32) and pad_mask.shape == (3, 7)
+    # The memory is the final LayerNorm's output: per position, zero mean and unit variance before the
+    # gain and bias.
+    ln = pre.encoder_ln
+    normed = (memory - ln.bias) / ln.weight
+    torch.testing.assert_close(normed.mean(-1), torch.zeros(3, 7), atol=1e-5, rtol=0)
+    torch.testing.assert_close(normed.var(-1, unbiased=False), torch.ones(3, 7), atol=1e-3, rtol=0)
+
+
+def test_pre_norm_sublayers_are_x_plus_sublayer_of_layer_norm_of_x():
+    model = tiny_model(layers=1, norm_first=True)
+    enc = model.encoder_layers[0]
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(12))
+    mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    q, k, v = enc.self_attn.project_qkv(enc.ln1(x))
+    h = x + enc.self_attn.attend(q, k, v, mask)
+    torch.testing.assert_close(enc(x, mask), h + enc.ffn(enc.ln2(h)), atol=1e-6, rtol=0)
+
+
+def test_a_config_without_norm_first_loads_as_post_norm():
+    """config.json files written before the key existed (every shipped model) are post-norm models."""
+    old = {
+        "vocab_size": 8000, "d_model": 256, "n_heads": 4, "d_ff": 1024, "n_encoder_layers": 3,
+        "n_decoder_layers": 3, "dropout": 0.1, "max_positions": 512, "pad_id": 0, "bos_id": 1, "eos_id": 2,
+        "layer_norm_eps": 1e-05,
+    }  # fmt: skip
+    cfg = TransformerConfig.from_dict(old)
+    assert cfg.norm_first is False and cfg == TransformerConfig.small(8000)
+    assert TransformerConfig.from_dict({**old, "norm_first": True}).norm_first is True
+    assert TransformerConfig.from_dict(cfg.to_dict()) == cfg and cfg.to_dict()["norm_first"] is False
+    release = ROOT / "models" / "en-es-small"
+    if (release / "config.json").exists():
+        assert "norm_first" not in json.loads((release / "config.json").read_text())
+        model = load_release(release)
+        assert not model.config.norm_first and isinstance(model.encoder_ln, nn.Identity)
+        assert set(load_file(str(release / "model.safetensors"))) == set(model.state_dict())
 
 
 def test_small_parameter_count():
@@ -111,8 +184,9 @@ def test_all_pad_source_and_pad_queries_are_finite():
     assert torch.isfinite(model(src, tgt)).all()
 
 
-def test_decode_step_matches_full_decode():
-    model = tiny_model()
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decode_step_matches_full_decode(norm_first: bool):
+    model = tiny_model(norm_first=norm_first)
     src = random_src(6)
     tgt = torch.randint(3, 30, (3, 6), generator=torch.Generator().manual_seed(7))
     tgt[:, 0] = BOS
@@ -143,9 +217,10 @@ def test_label_smoothed_loss_ignores_pad():
     assert smoothed.item() > 0 and smoothed.item() != pytest.approx(loss.item())
 
 
-def test_overfit_then_greedy_and_beam_reproduce_targets():
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_overfit_then_greedy_and_beam_reproduce_targets(norm_first: bool):
     torch.manual_seed(0)
-    model = tiny_model(seed=0, vocab_size=20, d_model=64, layers=1)
+    model = tiny_model(seed=0, vocab_size=20, d_model=64, layers=1, norm_first=norm_first)
     g = torch.Generator().manual_seed(1)
     pairs = []
     for i in range(6):
