@@ -178,6 +178,7 @@ def export_bundle(
                 "n_encoder_layers": cfg.n_encoder_layers,
                 "n_decoder_layers": cfg.n_decoder_layers,
                 "max_positions": cfg.max_positions,
+                "norm_first": cfg.norm_first,  # for the record: the graphs' inputs and outputs are the same
             },
             "max_source_tokens": max_source_tokens,
             "max_beam_size": max_beam_size,

@@ -5,12 +5,13 @@ benchmark the ONNX engine against, and a cross-check of the engine's numerics).
 
 The mapping onto `ctranslate2.specs.TransformerSpec` (exact: log-probabilities agree to ~1e-6 in float32):
 
-  * `TransformerSpec.from_config((n_enc, n_dec), heads, pre_norm=False, activation=RELU)`: the paper's
-    post-norm layout, no final encoder/decoder LayerNorm. In a post-norm CTranslate2 layer each sublayer's
-    `layer_norm` is applied after its residual add, so encoder ln1 -> `self_attention.layer_norm`, ln2 ->
-    `ffn.layer_norm`; decoder ln1 -> `self_attention.layer_norm`, ln2 -> `attention.layer_norm` (cross),
-    ln3 -> `ffn.layer_norm`. LayerNorm epsilon goes in `config.layer_norm_epsilon` (CTranslate2's default
-    differs from PyTorch's 1e-5).
+  * `TransformerSpec.from_config((n_enc, n_dec), heads, pre_norm=config.norm_first, activation=RELU)`:
+    the paper's post-norm layout, no final encoder/decoder LayerNorm; or pre-norm, whose final LayerNorms
+    encoder_ln / decoder_ln -> `encoder.layer_norm` / `decoder.layer_norm`. A CTranslate2 sublayer's
+    `layer_norm` is applied after its residual add (post-norm) or to its input (pre-norm), as ours, so
+    encoder ln1 -> `self_attention.layer_norm`, ln2 -> `ffn.layer_norm`; decoder ln1 ->
+    `self_attention.layer_norm`, ln2 -> `attention.layer_norm` (cross), ln3 -> `ffn.layer_norm`. LayerNorm
+    epsilon goes in `config.layer_norm_epsilon` (CTranslate2's default differs from PyTorch's 1e-5).
   * Attention: fused self-attention QKV -> `self_attention.linear[0]`, `out` -> `linear[1]`; cross-attention
     Q -> `attention.linear[0]`, fused KV -> `attention.linear[1]`, `out` -> `linear[2]`. Same row order
     (q | k | v, heads contiguous) as our Linear weights.
@@ -90,7 +91,7 @@ def build_spec(model: Transformer, pieces: list[str]):
     spec = ctranslate2.specs.TransformerSpec.from_config(
         (cfg.n_encoder_layers, cfg.n_decoder_layers),
         cfg.n_heads,
-        pre_norm=False,
+        pre_norm=cfg.norm_first,
         activation=ctranslate2.specs.Activation.RELU,
     )
     spec.config.layer_norm_epsilon = cfg.layer_norm_eps
@@ -113,6 +114,8 @@ def build_spec(model: Transformer, pieces: list[str]):
         _set_linear(layer_spec.ffn.linear_0, layer.ffn.fc1)
         _set_linear(layer_spec.ffn.linear_1, layer.ffn.fc2)
         _set_layer_norm(layer_spec.ffn.layer_norm, layer.ln2)
+    if cfg.norm_first:
+        _set_layer_norm(enc.layer_norm, model.encoder_ln)
 
     dec.embeddings.weight = embed
     dec.scale_embeddings = True
@@ -129,6 +132,8 @@ def build_spec(model: Transformer, pieces: list[str]):
         _set_linear(layer_spec.ffn.linear_0, layer.ffn.fc1)
         _set_linear(layer_spec.ffn.linear_1, layer.ffn.fc2)
         _set_layer_norm(layer_spec.ffn.layer_norm, layer.ln3)
+    if cfg.norm_first:
+        _set_layer_norm(dec.layer_norm, model.decoder_ln)
 
     spec.register_source_vocabulary(pieces)
     spec.register_target_vocabulary(pieces)

@@ -32,6 +32,10 @@ decoder.onnx (one KV-cached step; N = B * Kc rows, Kc beam rows per sentence, se
     The step is exported from `LeanDecoderStepForExport` (2-D rows, Gemm per Linear, constant-shape head
     reshapes: ~220 nodes instead of the ~500 of a straightforward trace of `Transformer.decode_step`).
 
+Post-norm and pre-norm models (TransformerConfig.norm_first) have the same graph inputs and outputs; in a
+pre-norm model, memory and the cross K/V come after the encoder's final LayerNorm and log_probs after the
+decoder's, as in `Transformer.encode` / `decode_step`.
+
 The bundle's other graphs and the steps after the export live next door: export/cache_graphs.py (the
 small cache graphs built node by node: cache.onnx, kv_rows.onnx, kv_step.onnx), export/precision.py
 (int8, fp16, the onnxruntime optimizer) and export/verify.py (graph checks, ORT vs PyTorch parity);
@@ -71,10 +75,21 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
     return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
+def _sublayer_input(ln: nn.Module, x: Tensor, norm_first: bool) -> Tensor:
+    """What a sublayer reads: LN(x) in a pre-norm model, x itself in a post-norm one."""
+    return ln(x) if norm_first else x
+
+
+def _residual(ln: nn.Module, x: Tensor, y: Tensor, norm_first: bool) -> Tensor:
+    """A sublayer's output y joins the residual stream x: x + y (pre-norm) or LN(x + y) (post-norm)."""
+    return x + y if norm_first else ln(x + y)
+
+
 class LeanEncoderForExport(nn.Module):
     """src_ids -> memory, src_bias, per decoder layer cross K/V: the maths of Transformer.encode +
     cross_kv in few ONNX nodes: Linears on (B*S, D) rows (one Gemm each), heads split with one Reshape +
-    Transpose from a shape tensor computed once."""
+    Transpose from a shape tensor computed once. Post-norm or pre-norm as the model's config says (pre-norm:
+    LayerNorm before each sublayer, and the final `encoder_ln` before memory and the cross K/V)."""
 
     def __init__(self, model: Transformer) -> None:
         super().__init__()
@@ -94,13 +109,17 @@ class LeanEncoderForExport(nn.Module):
         shape2 = torch.cat([bs, torch.tensor([2, h, dh])])
         x = m.embed(src_ids) * m.embed_scale + m.pe[: src_ids.size(1)]  # (B, S, D)
         x = x.reshape(-1, d)  # (B*S, D)
+        pre = cfg.norm_first
         for layer in m.encoder_layers:
             sa = layer.self_attn
-            qkv = reshape_from_tensor_shape(F.linear(x, sa.qkv.weight, sa.qkv.bias), shape3)  # (B,S,3,H,Dh)
+            h = _sublayer_input(layer.ln1, x, pre)
+            qkv = reshape_from_tensor_shape(F.linear(h, sa.qkv.weight, sa.qkv.bias), shape3)  # (B,S,3,H,Dh)
             q, k, v = qkv.permute(2, 0, 3, 1, 4)  # 3 x (B, H, S, Dh)
             y = _attention(q, k, v, bias4).transpose(1, 2).reshape(-1, d)  # (B*S, D)
-            x = layer.ln1(x + F.linear(y, sa.out.weight, sa.out.bias))
-            x = layer.ln2(x + layer.ffn.fc2(F.relu(layer.ffn.fc1(x))))
+            x = _residual(layer.ln1, x, F.linear(y, sa.out.weight, sa.out.bias), pre)
+            h = _sublayer_input(layer.ln2, x, pre)
+            x = _residual(layer.ln2, x, layer.ffn.fc2(F.relu(layer.ffn.fc1(h))), pre)
+        x = m.encoder_ln(x)  # pre-norm's final LayerNorm (Identity in a post-norm model)
         outputs: list[Tensor] = [reshape_from_tensor_shape(x, torch.cat([bs, torch.tensor([d])])), src_bias]
         for layer in m.decoder_layers:
             ca = layer.cross_attn
@@ -116,7 +135,8 @@ class LeanDecoderStepForExport(nn.Module):
     2-D (N, D) so that
     every Linear is one Gemm, heads split/merged with constant-shape Reshapes (with one query per row the
     head transpose is a no-op), the spare-capacity mask built once for all layers, the cross-attention
-    query reshape built from one shape tensor."""
+    query reshape built from one shape tensor. Post-norm or pre-norm as the model's config says (pre-norm:
+    LayerNorm before each sublayer, and the final `decoder_ln` before the output projection)."""
 
     def __init__(self, model: Transformer) -> None:
         super().__init__()
@@ -140,22 +160,27 @@ class LeanDecoderStepForExport(nn.Module):
         spare_bias = torch.zeros(spare.shape).masked_fill(spare, float("-inf"))[:, None, None, :]
         q_shape = torch.cat([torch._shape_as_tensor(src_bias)[:1], torch.tensor([-1, h, dh])])  # B, Kc, H, Dh
         new_kv: list[Tensor] = []
+        pre = cfg.norm_first
         for i, layer in enumerate(m.decoder_layers):
             sa: MultiHeadAttention = layer.self_attn
-            qkv = F.linear(x, sa.qkv.weight, sa.qkv.bias).reshape(-1, 3, h, 1, dh)  # (N, 3, H, 1, Dh)
+            u = _sublayer_input(layer.ln1, x, pre)  # (N, D)
+            qkv = F.linear(u, sa.qkv.weight, sa.qkv.bias).reshape(-1, 3, h, 1, dh)  # (N, 3, H, 1, Dh)
             q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # (N, H, 1, Dh)
             new_kv += [k, v]
             s_past = torch.matmul(q, past[2 * i].transpose(-1, -2)) * scale + spare_bias  # (N, H, 1, C)
             s_new = (q * k).sum(dim=-1, keepdim=True) * scale  # (N, H, 1, 1)
             p = torch.softmax(torch.cat([s_past, s_new], dim=-1), dim=-1)
             y = torch.matmul(p[..., :-1], past[2 * i + 1]) + p[..., -1:] * v  # (N, H, 1, Dh)
-            x = layer.ln1(x + F.linear(y.reshape(-1, d), sa.out.weight, sa.out.bias))  # (N, D)
+            x = _residual(layer.ln1, x, F.linear(y.reshape(-1, d), sa.out.weight, sa.out.bias), pre)  # (N, D)
             ca: MultiHeadAttention = layer.cross_attn
             ck, cv = cross[2 * i], cross[2 * i + 1]  # (B, H, S, Dh)
-            q = reshape_from_tensor_shape(F.linear(x, ca.q.weight, ca.q.bias), q_shape).transpose(1, 2)
+            u = _sublayer_input(layer.ln2, x, pre)
+            q = reshape_from_tensor_shape(F.linear(u, ca.q.weight, ca.q.bias), q_shape).transpose(1, 2)
             y = _attention(q, ck, cv, bias4).transpose(1, 2).reshape(-1, d)  # (N, D)
-            x = layer.ln2(x + F.linear(y, ca.out.weight, ca.out.bias))
-            x = layer.ln3(x + layer.ffn.fc2(F.relu(layer.ffn.fc1(x))))
+            x = _residual(layer.ln2, x, F.linear(y, ca.out.weight, ca.out.bias), pre)
+            u = _sublayer_input(layer.ln3, x, pre)
+            x = _residual(layer.ln3, x, layer.ffn.fc2(F.relu(layer.ffn.fc1(u))), pre)
+        x = m.decoder_ln(x)  # pre-norm's final LayerNorm (Identity in a post-norm model)
         logits = F.linear(x, m.embed.weight)  # (N, V), tied projection (Gemm transB=1)
         return (F.log_softmax(logits.float(), dim=-1), *new_kv)
 

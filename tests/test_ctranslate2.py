@@ -27,23 +27,24 @@ VOCAB = 40
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
 
-def tiny_model(seed: int = 0) -> Transformer:
+def tiny_model(seed: int = 0, layers: tuple[int, int] = (2, 2), norm_first: bool = False) -> Transformer:
     torch.manual_seed(seed)
     cfg = TransformerConfig(
         vocab_size=VOCAB,
         d_model=32,
         n_heads=2,
         d_ff=64,
-        n_encoder_layers=2,
-        n_decoder_layers=2,
+        n_encoder_layers=layers[0],
+        n_decoder_layers=layers[1],
         dropout=0.0,
         max_positions=128,
+        norm_first=norm_first,
     )
     model = Transformer(cfg).eval()
     with torch.no_grad():
         # Non-trivial LayerNorm parameters and biases from the start, so a misplaced one cannot go unnoticed.
         for name, p in model.named_parameters():
-            if ".ln" in name or name.endswith("bias"):
+            if ".ln" in name or "_ln." in name or name.endswith("bias"):
                 p.add_(0.2 * torch.randn_like(p))
     return model
 
@@ -128,6 +129,20 @@ def test_scores_agree(converted):
     for h, w, r, s in zip(hyps, want[: len(src)], ref, src, strict=True):
         if len(r) < max_output_length(len(s)):
             assert h[0].score == pytest.approx(sum(w), abs=1e-3)
+
+
+def test_a_pre_norm_model_converts_exactly(tmp_path):
+    """Pre-norm (norm_first): CTranslate2's pre_norm layers with the final encoder/decoder LayerNorms."""
+    model = train_briefly(tiny_model(seed=2, layers=(4, 1), norm_first=True))
+    ct2 = CT2Translator(convert_model(model, pieces(), tmp_path / "model"), "float32", intra_threads=1)
+    src = sources()
+    limits = [max_output_length(len(s)) for s in src]
+    ref = greedy_decode(model, pad_batch(src), torch.tensor(limits))
+    assert [h[0].tokens for h in ct2.translate_ids(src, beam_size=1, max_len=limits)] == ref
+    assert len({len(r) for r in ref}) > 2
+    for got, want in zip(ct2.score_ids(src, ref), torch_token_log_probs(model, src, ref), strict=True):
+        assert torch.allclose(torch.tensor(got), torch.tensor(want), atol=1e-4, rtol=0)
+    assert json.loads((ct2.path / "config.json").read_text())["layer_norm_epsilon"] == pytest.approx(1e-5)
 
 
 def test_model_config(converted):

@@ -49,24 +49,35 @@ class TinyBundle:
 
 
 def tiny_model(
-    vocab_size: int, seed: int, d_model: int = 32, layers: int = 2, eos_gain: float = 0.8
+    vocab_size: int,
+    seed: int,
+    d_model: int = 32,
+    layers: int = 2,
+    eos_gain: float = 0.8,
+    norm_first: bool = False,
+    encoder_layers: int = 0,
 ) -> Transformer:
     """Random tiny Transformer made less degenerate than plain random init: random decoder LayerNorm
     gains/biases (so it does not just copy its input token) and an EOS embedding aligned with the final
-    LayerNorm bias (so hypotheses end at varied lengths)."""
+    LayerNorm bias (so hypotheses end at varied lengths). Pre-norm (norm_first): all LayerNorms random,
+    the final ones included, so that a misplaced or missing one shows."""
     torch.manual_seed(seed)
     cfg = TransformerConfig(
-        vocab_size=vocab_size, d_model=d_model, n_heads=2, d_ff=2 * d_model, n_encoder_layers=layers,
-        n_decoder_layers=layers, dropout=0.0, max_positions=64,
+        vocab_size=vocab_size, d_model=d_model, n_heads=2, d_ff=2 * d_model,
+        n_encoder_layers=encoder_layers or layers, n_decoder_layers=layers, dropout=0.0, max_positions=64,
+        norm_first=norm_first,
     )  # fmt: skip
     model = Transformer(cfg).eval()
     with torch.no_grad():
-        for layer in model.decoder_layers:
-            for ln in (layer.ln1, layer.ln2, layer.ln3):
-                ln.weight.normal_(0.0, 2.0)
-                ln.bias.normal_(0.0, 0.5)
+        lns = [ln for layer in model.decoder_layers for ln in (layer.ln1, layer.ln2, layer.ln3)]
+        if norm_first:
+            lns += [ln for layer in model.encoder_layers for ln in (layer.ln1, layer.ln2)]
+            lns += [model.encoder_ln, model.decoder_ln]
+        for ln in lns:
+            ln.weight.normal_(0.0, 2.0)
+            ln.bias.normal_(0.0, 0.5)
         if vocab_size > 8:
-            bias = model.decoder_layers[-1].ln3.bias
+            bias = (model.decoder_ln if norm_first else model.decoder_layers[-1].ln3).bias
             scale = model.embed.weight[3:].norm(dim=1).mean() * 3
             model.embed.weight[cfg.eos_id] = eos_gain * bias / bias.norm() * scale
     return model
@@ -88,17 +99,20 @@ def _varied(model: Transformer, tokenizer: Tokenizer) -> bool:
 _CACHE: dict[str, TinyBundle] = {}
 
 
-def build_tiny_bundle(tmp_path_factory: pytest.TempPathFactory) -> TinyBundle:
-    """Tiny model (real 8k tokenizer, d_model 32) -> save_release -> `python -m export` (once per session)."""
-    if "bundle" in _CACHE:
-        return _CACHE["bundle"]
+def build_tiny_bundle(tmp_path_factory: pytest.TempPathFactory, norm_first: bool = False) -> TinyBundle:
+    """Tiny model (real 8k tokenizer, d_model 32) -> save_release -> `python -m export` (once per session).
+    norm_first: a pre-norm model, 4 encoder layers + 1 decoder layer (a deep-shallow one in miniature)."""
+    key = "pre-norm" if norm_first else "bundle"
+    if key in _CACHE:
+        return _CACHE[key]
     torch.set_num_threads(1)
     tokenizer = Tokenizer(TOKENIZER)
+    depths = {"encoder_layers": 4, "layers": 1} if norm_first else {}
     for seed in range(1, 20):
-        model = tiny_model(tokenizer.vocab_size, seed)
+        model = tiny_model(tokenizer.vocab_size, seed, norm_first=norm_first, **depths)
         if _varied(model, tokenizer):
             break
-    root = tmp_path_factory.mktemp("tiny")
+    root = tmp_path_factory.mktemp(key)
     checkpoint = root / "tiny-en-es"
     save_release(model, checkpoint, tokenizer, {"best": {"step": 0}})
     bundle = root / "bundle"
@@ -116,8 +130,8 @@ def build_tiny_bundle(tmp_path_factory: pytest.TempPathFactory) -> TinyBundle:
             ]
         )  # fmt: skip
     assert rc == 0, out.getvalue()
-    _CACHE["bundle"] = TinyBundle(checkpoint, bundle, load_release(checkpoint), tokenizer, out.getvalue())
-    return _CACHE["bundle"]
+    _CACHE[key] = TinyBundle(checkpoint, bundle, load_release(checkpoint), tokenizer, out.getvalue())
+    return _CACHE[key]
 
 
 @pytest.fixture(scope="module")
@@ -328,3 +342,55 @@ def test_export_rejects_bad_arguments(tiny: TinyBundle, tmp_path: Path, capsys):
     assert export_main(args) == 1
     assert "max_positions" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
+
+
+# ------------------------------------------------------------------------------ a pre-norm model (4+1)
+
+
+@pytest.fixture(scope="module")
+def pre_norm(tmp_path_factory: pytest.TempPathFactory) -> TinyBundle:
+    return build_tiny_bundle(tmp_path_factory, norm_first=True)
+
+
+def layer_norms(path: Path) -> int:
+    return sum(n.op_type == "LayerNormalization" for n in onnx.load(str(path)).graph.node)
+
+
+def test_a_pre_norm_model_exports_with_its_final_layer_norms_and_parity(pre_norm: TinyBundle):
+    m = json.loads((pre_norm.bundle / "manifest.json").read_text())
+    assert m["dims"]["norm_first"] is True
+    assert (m["dims"]["n_encoder_layers"], m["dims"]["n_decoder_layers"]) == (4, 1)
+    assert pre_norm.model.config.norm_first  # load_release of the checkpoint's config.json
+    # A LayerNorm per sublayer plus the stack's final one: 2 * 4 + 1 in the encoder, 3 * 1 + 1 in the step.
+    fp32 = pre_norm.bundle / "fp32"
+    assert (layer_norms(fp32 / "encoder.onnx"), layer_norms(fp32 / "decoder.onnx")) == (9, 4)
+    assert (
+        m["parity"]["fp32"]["step_logprob_max_abs"] <= 1e-4 and m["parity"]["fp32"]["top1_agreement"] == 1.0
+    )
+    assert m["parity"]["int8"]["top1_agreement"] >= 0.5  # int8: the same MatMuls quantized as in post-norm
+    p = verify.parity(
+        pre_norm.model, fp32 / "encoder.onnx", fp32 / "decoder.onnx", pre_norm.tokenizer.encode_batch(TEXTS)
+    )
+    assert p["encoder_memory_max_abs"] <= 1e-4 and p["cross_kv_max_abs"] <= 1e-4
+    assert p["step_logprob_max_abs"] <= 1e-4 and p["step_vs_full_pass_logprob_max_abs"] <= 1e-4
+    assert p["top1_agreement"] == 1.0 and p["steps"] > 5
+
+
+def test_a_pre_norm_bundle_decodes_through_the_engine_as_the_reference_decoders(pre_norm: TinyBundle):
+    """The engine reads graphs only: greedy and beam outputs equal model/decode.py's, on the plain path and
+    with the K/V kept on the device by the cache / kv_rows / kv_step graphs."""
+    from model.decode import beam_search, max_output_length
+    from server.engine import DecodingOptions, Engine
+
+    ids = pre_norm.tokenizer.encode_batch(TEXTS)
+    limits = torch.tensor([max_output_length(len(s), cap=MAX_LENGTH_CAP) for s in ids])
+    greedy_ref = greedy_decode(pre_norm.model, batch(ids), limits)
+    assert len({len(h) for h in greedy_ref}) >= 3  # not degenerate: varied lengths
+    beam_ref = beam_search(pre_norm.model, batch(ids), 3, limits, 0.6, n_best=2)
+    for io_binding in (False, True):
+        engine = Engine(pre_norm.bundle, intra_op_threads=1, io_binding=io_binding)
+        assert [r[0].tokens for r in engine.translate(TEXTS, DecodingOptions(beam_size=1))] == greedy_ref
+        beams = engine.translate(TEXTS, DecodingOptions(beam_size=3, num_hypotheses=2))
+        for got, want in zip(beams, beam_ref, strict=True):
+            assert [h.tokens for h in got] == [t for t, _ in want]
+            np.testing.assert_allclose([h.score for h in got], [s for _, s in want], atol=1e-4)
