@@ -81,7 +81,8 @@ def _recipe(train_config: dict, lang: Language, args: argparse.Namespace) -> lis
     return [
         f"Recipe: `make model CORPUS_LANG={lang.code} MODEL_STEPS={steps} MODEL_COOLDOWN={cooldown}` "
         f"(README, *The model pipeline*): {steps - cooldown:,} steps, then the learning rate down to 0 over "
-        f"{cooldown:,} more; the shipped weights are the average the recipe releases."
+        f"{cooldown:,} more; `model.pick` then ships the run's best checkpoint or the mean of its last "
+        "snapshots, whichever scores higher on novel valid BLEU (a tie within 0.05 goes to the lower valid loss)."
     ]
 
 
