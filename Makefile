@@ -55,8 +55,9 @@ help:
 	@echo "GPU (docs/gpu.md):"
 	@echo "  make gpu-check       the GPU serving check in its CPU mode into runs/gpu-check-cpu.json (~30 s)"
 	@echo "                       (on a GPU machine: bash bench/gpu_run.sh check)"
-	@echo "  make gpu-pack        what a GPU session carries: runs/pack-$(CORPUS_LANG).tar (training pack of $(DATA)/)"
-	@echo "                       and .whl/site-cp312.tar.xz (packages the GPU image lacks); ~2 min"
+	@echo "  make gpu-pack        what a GPU session carries: runs/pack-$(CORPUS_LANG).tar (training pack of $(DATA)/),"
+	@echo "                       .whl/site-cp312.tar.xz (packages the GPU image lacks) and .ort/part-N"
+	@echo "                       (onnxruntime-gpu, Hopper kernels only, in parts); ~5 min"
 
 # The targets that read the corpus depend on this first: without $(DATA)/manifest.json (written last by
 # `make corpus`) make stops with one line naming the command to run (also under make -n).
@@ -238,11 +239,12 @@ gpu-check: install bundle
 	@mkdir -p runs
 	$(PY) -m bench.gpu_check --cpu-only --bundle $(BUNDLE) --json runs/gpu-check-cpu.json
 
-# Everything a GPU session carries (docs/gpu.md): the training pack of $(DATA)/ with $(TOKENIZER), and
-# the Python packages the GPU image lacks, for CPython 3.12.
+# Everything a GPU session carries (docs/gpu.md): the training pack of $(DATA)/ with $(TOKENIZER), the
+# Python packages the GPU image lacks, for CPython 3.12, and onnxruntime-gpu in parts.
 gpu-pack: data-check install
 	$(PY) -m model.pack --data $(DATA) --tokenizer $(TOKENIZER) --out runs/pack-$(CORPUS_LANG).tar
 	PYTHON=$(PY) bash bench/gpu_run.sh wheels
+	$(PY) -m bench.ort_gpu_pack --out .ort
 
 proto: install
 	$(PY) -m proto.generate
