@@ -75,6 +75,7 @@ class TrainConfig:
     repeat_frequent: int = 1  # 1: a pair shipped by n packages is seen 1 + floor(log2 n) times an epoch
     seed: int = 1234
     threads: int = 0  # 0 = torch default
+    norm_first: bool = False  # pre-norm (TransformerConfig.norm_first); --init-from/--resume keep theirs
 
 
 # --help lines of the TrainConfig fields whose names do not say it all.
@@ -89,6 +90,9 @@ OPTION_HELP = {
     "max_sentences": "rows per batch (0 = no cap)",
     "rewarm": "with --init-from: steps to ramp the learning rate back up",
     "threads": "torch threads (0 = torch's default)",
+    "norm_first": "pre-norm: x + Sublayer(LN(x)) and a final LayerNorm per stack (Xiong et al. 2020), "
+    "for deep models, which post-norm fails to train; default post-norm, as the paper and the shipped "
+    "models. An --init-from release or a --resume run keeps its own model's",
 }
 
 
@@ -448,9 +452,11 @@ def main(argv: list[str] | None = None) -> None:
         "--max-train-pairs", type=int, default=0, help="use only the first N pairs (smoke runs)"
     )
     for name, value in vars(TrainConfig()).items():
-        parser.add_argument(
-            f"--{name.replace('_', '-')}", type=type(value), default=value, help=OPTION_HELP.get(name)
-        )
+        flag = f"--{name.replace('_', '-')}"
+        if isinstance(value, bool):
+            parser.add_argument(flag, action="store_true", help=OPTION_HELP.get(name))
+        else:
+            parser.add_argument(flag, type=type(value), default=value, help=OPTION_HELP.get(name))
     args = parser.parse_args(argv)
     cfg = TrainConfig(**{k: getattr(args, k) for k in vars(TrainConfig())})
     if args.release_last:
@@ -482,17 +488,28 @@ def main(argv: list[str] | None = None) -> None:
     train = tokenize_pairs(tokenizer, train_pairs, cfg.max_len)
     validation = Validation.load(args.data, tokenizer, cfg.max_len, cfg.max_tokens, cfg.valid_bleu_sentences)
 
+    last_path = args.run_dir / "last.pt"
+    state = (
+        torch.load(last_path, map_location=device, weights_only=False)
+        if args.resume and last_path.exists()
+        else None
+    )
     config_factory = {"small": TransformerConfig.small, "base": TransformerConfig.base}[cfg.config]
     config = config_factory(tokenizer.vocab_size)
+    config.norm_first = cfg.norm_first
+    # A run that goes on keeps its model's architecture (post- or pre-norm), whatever the flags say.
+    if state is not None:
+        config = TransformerConfig.from_dict(state["model_config"])
+    elif args.init_from:
+        config = TransformerConfig.from_dict(json.loads((args.init_from / "config.json").read_text()))
     config.dropout = cfg.dropout
+    cfg.norm_first = config.norm_first  # the run's settings record the model it trains
     model = Transformer(config).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9)
     step, epoch, best_bleu, history, elapsed_before = 0, 0, -1.0, [], 0.0
     cooldown_start: int | None = None
     start_step, epoch_step, epoch_rng = 0, 0, rng.getstate()
-    last_path = args.run_dir / "last.pt"
-    if args.resume and last_path.exists():
-        state = torch.load(last_path, map_location=device, weights_only=False)
+    if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step, epoch, best_bleu = state["step"], state["epoch"], state["best_bleu"]
@@ -532,7 +549,8 @@ def main(argv: list[str] | None = None) -> None:
     n_tgt_tokens = sum(len(t) + 1 for _, t in train)
     print(
         f"model: {config.d_model}d {config.n_heads}h ff{config.d_ff} {config.n_encoder_layers}+"
-        f"{config.n_decoder_layers} layers, {model.num_parameters() / 1e6:.2f}M parameters, device {device}, "
+        f"{config.n_decoder_layers} layers {'pre' if config.norm_first else 'post'}-norm, "
+        f"{model.num_parameters() / 1e6:.2f}M parameters, device {device}, "
         f"{torch.get_num_threads()} threads; {len(train)} train pairs, {n_tgt_tokens} target tokens/epoch; "
         f"{len(validation.common)} common UI strings tracked",
         file=sys.stderr,

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from export.__main__ import main as export_main
 from model.corpus import Pair, write_splits
-from model.train import converged, learning_rate, main, make_batches
+from model.train import converged, learning_rate, load_release, main, make_batches
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 TOKENIZER = Path(__file__).resolve().parent.parent / "models" / "en-es-small" / "tokenizer.model"
@@ -123,6 +123,40 @@ def test_a_stopped_run_resumes_exactly(tiny_data, tiny_model, tmp_path):
     info = json.loads((tmp_path / "last" / "training.json").read_text())
     assert info["best"]["step"] == 6 and info["hardware"]
     assert info["target_language"] == "es"  # a corpus without a manifest is Spanish
+
+
+def test_a_pre_norm_run_keeps_its_model_through_resume_init_from_and_average(
+    tiny_data, tiny_model, tmp_path, capsys
+):
+    """--norm-first trains a pre-norm model; --resume and --init-from keep the model's own architecture
+    without the flag (its config wins); model.average makes a pre-norm release of pre-norm checkpoints."""
+    from model.average import main as average_main
+
+    _run(tiny_data, tmp_path / "once", "--max-steps", "4", "--norm-first")
+    _run(tiny_data, tmp_path / "twice", "--max-steps", "2", "--norm-first")
+    _run(tiny_data, tmp_path / "twice", "--max-steps", "4", "--resume")  # no flag: last.pt's model
+    once, twice = (torch.load(tmp_path / run / "last.pt", weights_only=False) for run in ("once", "twice"))
+    assert once["model_config"]["norm_first"] and twice["train_config"]["norm_first"]
+    assert "encoder_ln.weight" in once["model"] and "decoder_ln.bias" in once["model"]
+    for name, tensor in once["model"].items():
+        assert torch.equal(tensor, twice["model"][name]), name
+    release = tmp_path / "once" / "rel"
+    assert json.loads((release / "config.json").read_text())["norm_first"] is True
+    assert load_release(release).config.norm_first
+    _run(tiny_data, tmp_path / "more", "--init-from", str(release), "--max-steps", "6")  # no flag
+    more = torch.load(tmp_path / "more" / "last.pt", weights_only=False)
+    assert more["step"] == 6 and more["model_config"]["norm_first"] and more["train_config"]["norm_first"]
+    assert "pre-norm" in capsys.readouterr().err
+    out = tmp_path / "avg"
+    checkpoints = [str(tmp_path / run / "last.pt") for run in ("once", "more")]
+    argv = ["--checkpoints", *checkpoints, "--tokenizer", str(TOKENIZER), "--data", str(tiny_data)]
+    assert average_main([*argv, "--valid-bleu-sentences", "2", "--out", str(out)]) == 0
+    averaged = load_release(out)
+    assert averaged.config.norm_first
+    state = load_file(str(out / "model.safetensors"))
+    assert set(state) == set(averaged.state_dict())
+    mean = (once["model"]["encoder_ln.weight"] + more["model"]["encoder_ln.weight"]) / 2
+    assert torch.equal(state["encoder_ln.weight"], mean.half())
 
 
 def test_a_finished_stage_run_again_trains_nothing(tiny_data, tmp_path):
