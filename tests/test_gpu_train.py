@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from model.corpus import Pair, write_splits
-from model.gpu_train import dequantize_int8, main, quantize_int8
+from model.gpu_train import build_parser, dequantize_int8, main, model_config, quantize_int8
 from model.pack import make_pack, read_pack
 from model.train import load_release, package_counts, repeat_by_counts
 
@@ -103,6 +103,29 @@ def test_depths_of_encoder_and_decoder_are_set_apart(pack, tmp_path):
     )
     config = json.loads((out / "config.json").read_text())
     assert (config["n_encoder_layers"], config["n_decoder_layers"]) == (3, 1)
+
+
+def test_layer_norm_placement_is_the_presets_or_the_flags():
+    """deep-shallow is pre-norm (a 12-layer post-norm encoder does not train), the others post-norm;
+    --norm-first / --no-norm-first override any preset."""
+    assert model_config("deep-shallow", 100).norm_first
+    assert not any(model_config(p, 100).norm_first for p in ("tiny", "small", "base"))
+    assert model_config("small", 100, 12, 2, norm_first=True).norm_first
+    assert not model_config("deep-shallow", 100, norm_first=False).norm_first
+    for argv, norm_first in (([], None), (["--norm-first"], True), (["--no-norm-first"], False)):
+        assert build_parser().parse_args(argv).norm_first is norm_first
+
+
+def test_a_pre_norm_run_writes_a_pre_norm_model_that_init_from_keeps(pack, tmp_path):
+    out = tmp_path / "pre-norm"
+    _train(pack, out, "--encoder-layers", "3", "--norm-first", "--max-steps", "2", "--valid-every", "0")
+    assert json.loads((out / "config.json").read_text())["norm_first"] is True
+    model = load_release(out)
+    assert isinstance(model.encoder_ln, torch.nn.LayerNorm) and model.config.n_encoder_layers == 3
+    # continued without the flag, or against it: the model's own config wins
+    more = tmp_path / "more"
+    _train(pack, more, "--init-from", str(out), "--no-norm-first", "--max-steps", "2", "--valid-every", "0")
+    assert json.loads((more / "config.json").read_text())["norm_first"] is True
 
 
 def test_too_large_weights_come_back_as_int8_parts_and_restore_to_fp16(pack, tmp_path):
