@@ -11,7 +11,7 @@ from torch import nn
 
 from model.decode import beam_search, gnmt_length_penalty, greedy_decode, max_output_length
 from model.model import Transformer, TransformerConfig, label_smoothed_loss, sinusoidal_positions
-from model.train import load_release
+from model.train import learning_rate, load_release
 
 PAD, BOS, EOS = 0, 1, 2
 ROOT = Path(__file__).resolve().parents[1]
@@ -297,3 +297,56 @@ def test_max_output_length():
     assert max_output_length(10) == 25
     assert max_output_length(1000) == 256
     assert max_output_length(4, ratio=2.0, extra=1, cap=100) == 9
+
+
+def reversal_batch(
+    g: torch.Generator, vocab_size: int, rows: int = 32, max_len: int = 10
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """src (B, S) of random tokens, tgt_in (B, T) = BOS + reversed src, tgt_out = reversed src + EOS."""
+    lengths = torch.randint(2, max_len + 1, (rows,), generator=g).tolist()
+    src = torch.full((rows, max_len), PAD)
+    tgt_in, tgt_out = torch.full((rows, max_len + 1), PAD), torch.full((rows, max_len + 1), PAD)
+    for r, n in enumerate(lengths):
+        s = torch.randint(4, vocab_size, (n,), generator=g)
+        src[r, :n] = s
+        tgt_in[r, 0], tgt_in[r, 1 : n + 1] = BOS, s.flip(0)
+        tgt_out[r, :n], tgt_out[r, n] = s.flip(0), EOS
+    return src, tgt_in, tgt_out
+
+
+def train_reversal(
+    norm_first: bool, steps: int = 160, lr: float = 3e-3, warmup: int = 40
+) -> tuple[float, float]:
+    """A deep encoder and a shallow decoder (64d, 8+1 layers) on sequence reversal, the trainer's Adam,
+    schedule and clipping; returns the mean loss of the first 10 and of the last 20 steps."""
+    torch.manual_seed(0)
+    cfg = TransformerConfig(
+        vocab_size=40, d_model=64, n_heads=4, d_ff=256, n_encoder_layers=8, n_decoder_layers=1,
+        dropout=0.0, max_positions=64, norm_first=norm_first,
+    )  # fmt: skip
+    model = Transformer(cfg)
+    opt = torch.optim.Adam(model.parameters(), betas=(0.9, 0.98), eps=1e-9)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for step in range(1, steps + 1):
+        for group in opt.param_groups:
+            group["lr"] = learning_rate(step, lr, warmup)
+        src, tgt_in, tgt_out = reversal_batch(g, cfg.vocab_size)
+        loss_sum, n = label_smoothed_loss(model(src, tgt_in), tgt_out, PAD, 0.0)
+        opt.zero_grad()
+        (loss_sum / n).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append((loss_sum / n).item())
+    return sum(losses[:10]) / 10, sum(losses[-20:]) / 20
+
+
+def test_a_deep_pre_norm_encoder_trains_where_post_norm_stalls():
+    """The reason for norm_first, in miniature: at the same settings the 8+1 post-norm model is still near
+    the uniform loss (ln 36 = 3.6) after 160 steps, the pre-norm one well below it. Measured with three
+    model/data seeds: last-20 loss pre-norm 1.83-2.04 (first-10 4.84-4.90), post-norm 2.97-3.17; asserted
+    with a wide margin (about 15 s of CPU)."""
+    pre_first, pre_last = train_reversal(norm_first=True)
+    _, post_last = train_reversal(norm_first=False)
+    assert pre_last < 0.6 * pre_first
+    assert pre_last < post_last - 0.5
