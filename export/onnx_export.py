@@ -112,13 +112,13 @@ class LeanEncoderForExport(nn.Module):
         pre = cfg.norm_first
         for layer in m.encoder_layers:
             sa = layer.self_attn
-            h = _sublayer_input(layer.ln1, x, pre)
-            qkv = reshape_from_tensor_shape(F.linear(h, sa.qkv.weight, sa.qkv.bias), shape3)  # (B,S,3,H,Dh)
+            u = _sublayer_input(layer.ln1, x, pre)  # (B*S, D)
+            qkv = reshape_from_tensor_shape(F.linear(u, sa.qkv.weight, sa.qkv.bias), shape3)  # (B,S,3,H,Dh)
             q, k, v = qkv.permute(2, 0, 3, 1, 4)  # 3 x (B, H, S, Dh)
             y = _attention(q, k, v, bias4).transpose(1, 2).reshape(-1, d)  # (B*S, D)
             x = _residual(layer.ln1, x, F.linear(y, sa.out.weight, sa.out.bias), pre)
-            h = _sublayer_input(layer.ln2, x, pre)
-            x = _residual(layer.ln2, x, layer.ffn.fc2(F.relu(layer.ffn.fc1(h))), pre)
+            u = _sublayer_input(layer.ln2, x, pre)
+            x = _residual(layer.ln2, x, layer.ffn.fc2(F.relu(layer.ffn.fc1(u))), pre)
         x = m.encoder_ln(x)  # pre-norm's final LayerNorm (Identity in a post-norm model)
         outputs: list[Tensor] = [reshape_from_tensor_shape(x, torch.cat([bs, torch.tensor([d])])), src_bias]
         for layer in m.decoder_layers:
