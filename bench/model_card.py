@@ -357,7 +357,8 @@ def render(args: argparse.Namespace) -> str:
         "",
         f"d_model {config['d_model']}, {config['n_heads']} heads, FFN {config['d_ff']}, "
         f"{config['n_encoder_layers']}+{config['n_decoder_layers']} layers, vocabulary {config['vocab_size']:,} "
-        "(SentencePiece unigram shared by both languages, one tied embedding matrix), post-norm as in the paper, "
+        "(SentencePiece unigram shared by both languages, one tied embedding matrix), "
+        f"{'pre-norm (a final LayerNorm per stack)' if config.get('norm_first') else 'post-norm as in the paper'}, "
         f"max {config['max_positions']} positions. Weights: fp16 safetensors, loaded as fp32.",
         "",
         "## Training",
