@@ -157,6 +157,7 @@ class TranslatorServer:
         cfg = self.config
         self.bundle_dirs = resolve_bundles(cfg.model_dir, cfg.bundles_dir, cfg.models)
         self.pairs = [bundle_pairs(b) for b in self.bundle_dirs]  # StoreError before anything binds
+        self.service.core.announced = list(dict.fromkeys(p for pairs in self.pairs for p in pairs))
         self.bundle_dir = self.bundle_dirs[0]
         interceptors = [BearerTokenInterceptor(cfg.auth_token, self.metrics)] if cfg.auth_token else []
         self.server = grpc.aio.server(

@@ -515,8 +515,10 @@ class HttpApi:
         return web.json_response({"status": status}, status=200 if serving else 503)
 
     async def languages(self, request: web.Request) -> web.Response:
-        # LibreTranslate's format, from the loaded models' pairs: each code once, with its real targets.
-        pairs = [(bcp47(s), bcp47(t)) for s, t in self.core.pairs] or [DEFAULT_PAIR]
+        # LibreTranslate's format, from the loaded models' pairs (while they load, the pairs their
+        # manifests declare): each code once, with its real targets.
+        served = self.core.pairs or self.core.announced
+        pairs = [(bcp47(s), bcp47(t)) for s, t in served] or [DEFAULT_PAIR]
         codes = list(dict.fromkeys(code for pair in pairs for code in pair))
         return web.json_response(
             [{"code": c, "name": name_of(c), "targets": [t for s, t in pairs if s == c]} for c in codes]

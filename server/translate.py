@@ -122,6 +122,9 @@ class TranslationCore:
         self.max_texts = max_texts
         self.max_queue_segments = max_queue_segments
         self.backends: tuple[Backend, ...] = ()  # every loaded model, in the store's order
+        # The pairs the store's manifests declare, known before any model loads: what /languages
+        # lists while they load (LibreTranslate clients ask at start; Weblate validates a target).
+        self.announced: list[Pair] = []
         self.unavailable_reason = "the model is loading; retry shortly"
         # Until the models are served, or will not be (`cannot_serve`): requests may wait for them
         # (`wait_for_model`) rather than get UNAVAILABLE for a model ready in a second.

@@ -224,6 +224,33 @@ def test_while_the_model_loads_past_the_wait_bound_everything_answers_503(server
         server.stop(1)
 
 
+def test_while_the_models_load_languages_lists_the_pairs_their_manifests_declare(server_loop, tmp_path):
+    """Not the default pair alone: a client that asks at start (Weblate validating a target) gets
+    the pairs the server is about to serve."""
+    bundle = tmp_path / "two-pairs"
+    bundle.mkdir()
+    (bundle / "manifest.json").write_text('{"pairs": [["en", "es"], ["en", "pt_BR"]]}\n')
+    gate = threading.Event()
+
+    def slow_load(bundle_dir, config):
+        gate.wait(30)
+        return FakeEngine(step_s=0)
+
+    server = RunningServer(server_loop, base_config(bundle, warmup=False, http_port=free_port()))
+    server.server.engine_factory = slow_load
+    server.start(wait_ready=False)
+    try:
+        assert call(server, "health")[:3:2] == (503, {"status": "NOT_SERVING"})
+        loading = call(server, "languages")[2]
+        assert loading[0] == {"code": "en", "name": "English", "targets": ["es", "pt-BR"]}, loading
+        gate.set()
+        server.wait_ready(30)
+        assert call(server, "languages")[2] == loading
+    finally:
+        gate.set()
+        server.stop(1)
+
+
 def test_engine_failure_is_500_and_queue_full_is_429_with_retry_after(http):
     engine = GatedEngine(step_s=0, fail_on="boom")
     # http_queue_wait_s=0: a full queue is a 429 at once (tests/test_http_waiting.py: the waiting).
