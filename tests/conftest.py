@@ -354,14 +354,14 @@ def start_fake_server(server_loop, fake_bundle) -> Iterator[Callable[..., Runnin
 def loading_http_server(
     server_loop, fake_bundle
 ) -> Iterator[Callable[..., tuple[RunningServer, threading.Event]]]:
-    """loading_http_server(**config overrides) -> (server, gate): a fake-engine server with the HTTP API
-    on a free port whose model is still loading until the test sets `gate` (30 s at most); stopped at the
-    end."""
+    """loading_http_server(model_dir=None, **config overrides) -> (server, gate): a fake-engine server
+    with the HTTP API on a free port whose model (`model_dir`, default the fake bundle) is still loading
+    until the test sets `gate` (30 s at most); stopped at the end."""
     from tests.fake_engine import FakeEngine
 
     started: list[tuple[RunningServer, threading.Event]] = []
 
-    def start(**overrides) -> tuple[RunningServer, threading.Event]:
+    def start(model_dir: Path | None = None, **overrides) -> tuple[RunningServer, threading.Event]:
         gate = threading.Event()
 
         def slow_load(bundle_dir, config):
@@ -369,7 +369,7 @@ def loading_http_server(
             return FakeEngine(step_s=0)
 
         overrides = {"warmup": False, "http_port": free_port(), **overrides}
-        server = RunningServer(server_loop, base_config(fake_bundle, **overrides))
+        server = RunningServer(server_loop, base_config(model_dir or fake_bundle, **overrides))
         server.server.engine_factory = slow_load
         started.append((server, gate))
         server.start(wait_ready=False)

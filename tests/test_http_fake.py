@@ -16,7 +16,7 @@ import pytest
 
 from client.load import free_port
 from runtime.faithful.segment import MAX_TEXT_CHARS
-from tests.conftest import RunningServer, base_config
+from tests.conftest import RunningServer
 from tests.fake_engine import FakeEngine, GatedEngine
 from tests.http_helpers import call, upload
 
@@ -196,59 +196,36 @@ def test_a_model_pair_without_a_display_name_shows_its_code(http):
     }
 
 
-def test_while_the_model_loads_past_the_wait_bound_everything_answers_503(server_loop, fake_bundle):
+def test_while_the_model_loads_past_the_wait_bound_everything_answers_503(loading_http_server):
     """A model still loading when a request's wait bound ends: 503 (tests/test_http_waiting.py: one
     that loads within it is waited for)."""
-    gate = threading.Event()
-
-    def slow_load(bundle_dir, config):
-        gate.wait(30)
-        return FakeEngine(step_s=0)
-
-    config = base_config(fake_bundle, warmup=False, http_port=free_port(), http_queue_wait_s=0.2)
-    server = RunningServer(server_loop, config)
-    server.server.engine_factory = slow_load
-    server.start(wait_ready=False)
-    try:
-        assert call(server, "health")[:3:2] == (503, {"status": "NOT_SERVING"})
-        status, _, body = call(server, "translate", {"q": "a", "source": "en", "target": "es"})
-        assert (status, body) == (503, {"error": "the model is loading; retry shortly"})
-        assert call(server, "languages")[2][0]["code"] == "en"  # LibreTranslate's clients ask at start
-        assert call(server, "frontend/settings")[2]["maxAlternatives"] == 0
-        assert server.total("translator_requests_total", code="UNAVAILABLE", transport="http") == 1
-        gate.set()
-        server.wait_ready(30)
-        assert call(server, "health")[:3:2] == (200, {"status": "SERVING"})
-    finally:
-        gate.set()
-        server.stop(1)
+    server, gate = loading_http_server(http_queue_wait_s=0.2)
+    assert call(server, "health")[:3:2] == (503, {"status": "NOT_SERVING"})
+    status, _, body = call(server, "translate", {"q": "a", "source": "en", "target": "es"})
+    assert (status, body) == (503, {"error": "the model is loading; retry shortly"})
+    assert call(server, "languages")[2][0]["code"] == "en"  # LibreTranslate's clients ask at start
+    assert call(server, "frontend/settings")[2]["maxAlternatives"] == 0
+    assert server.total("translator_requests_total", code="UNAVAILABLE", transport="http") == 1
+    gate.set()
+    server.wait_ready(30)
+    assert call(server, "health")[:3:2] == (200, {"status": "SERVING"})
 
 
-def test_while_the_models_load_languages_lists_the_pairs_their_manifests_declare(server_loop, tmp_path):
+def test_while_the_models_load_languages_lists_the_pairs_their_manifests_declare(
+    loading_http_server, tmp_path
+):
     """Not the default pair alone: a client that asks at start (Weblate validating a target) gets
     the pairs the server is about to serve."""
     bundle = tmp_path / "two-pairs"
     bundle.mkdir()
     (bundle / "manifest.json").write_text('{"pairs": [["en", "es"], ["en", "pt_BR"]]}\n')
-    gate = threading.Event()
-
-    def slow_load(bundle_dir, config):
-        gate.wait(30)
-        return FakeEngine(step_s=0)
-
-    server = RunningServer(server_loop, base_config(bundle, warmup=False, http_port=free_port()))
-    server.server.engine_factory = slow_load
-    server.start(wait_ready=False)
-    try:
-        assert call(server, "health")[:3:2] == (503, {"status": "NOT_SERVING"})
-        loading = call(server, "languages")[2]
-        assert loading[0] == {"code": "en", "name": "English", "targets": ["es", "pt-BR"]}, loading
-        gate.set()
-        server.wait_ready(30)
-        assert call(server, "languages")[2] == loading
-    finally:
-        gate.set()
-        server.stop(1)
+    server, gate = loading_http_server(bundle)
+    assert call(server, "health")[:3:2] == (503, {"status": "NOT_SERVING"})
+    loading = call(server, "languages")[2]
+    assert loading[0] == {"code": "en", "name": "English", "targets": ["es", "pt-BR"]}, loading
+    gate.set()
+    server.wait_ready(30)
+    assert call(server, "languages")[2] == loading
 
 
 def test_engine_failure_is_500_and_queue_full_is_429_with_retry_after(http):

@@ -16,7 +16,7 @@ from client.load import free_port
 from proto.gen.translator.v1 import translator_pb2 as pb
 from proto.gen.translator.v1 import translator_pb2_grpc as pb_grpc
 from tests.conftest import RunningServer, base_config
-from tests.fake_engine import FakeEngine, GatedEngine
+from tests.fake_engine import GatedEngine
 from tests.http_helpers import call, upload
 
 Q = {"source": "en", "target": "es"}
@@ -130,30 +130,18 @@ def test_files_wait_for_room_and_for_a_slot(start_fake_server):
     assert server.total("translator_requests_total", code="RESOURCE_EXHAUSTED", transport="http") == 0
 
 
-def test_a_model_still_loading_is_waited_for(server_loop, fake_bundle):
-    gate = threading.Event()
-
-    def slow_load(bundle_dir, config):
-        gate.wait(30)
-        return FakeEngine(step_s=0)
-
-    server = RunningServer(server_loop, base_config(fake_bundle, warmup=False, http_port=free_port()))
-    server.server.engine_factory = slow_load
-    server.start(wait_ready=False)
-    try:
-        assert call(server, "health")[0] == 503  # health tells the truth: not ready yet
-        thread, out = in_background(call, server, "translate", {"q": "a b", **Q})
-        wait_until(lambda: server.total("translator_requests_in_flight") == 1)
-        time.sleep(0.3)
-        assert not out
-        gate.set()
-        thread.join(30)
-        assert out[0][:3:2] == (200, {"translatedText": "b a"})
-        assert server.total("translator_model_wait_seconds_count") == 1
-        assert server.total("translator_model_wait_seconds_sum") >= 0.3
-    finally:
-        gate.set()
-        server.stop(1)
+def test_a_model_still_loading_is_waited_for(loading_http_server):
+    server, gate = loading_http_server()
+    assert call(server, "health")[0] == 503  # health tells the truth: not ready yet
+    thread, out = in_background(call, server, "translate", {"q": "a b", **Q})
+    wait_until(lambda: server.total("translator_requests_in_flight") == 1)
+    time.sleep(0.3)
+    assert not out
+    gate.set()
+    thread.join(30)
+    assert out[0][:3:2] == (200, {"translatedText": "b a"})
+    assert server.total("translator_model_wait_seconds_count") == 1
+    assert server.total("translator_model_wait_seconds_sum") >= 0.3
 
 
 def test_a_model_that_failed_to_load_is_503_at_once(server_loop, fake_bundle):
