@@ -21,7 +21,6 @@ machine keeps /tmp between calls); once all are there and the sha256 matches it 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import lzma
 import shutil
@@ -33,6 +32,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from runtime.bundle import sha256_file
 
 FATBIN_MAGIC = 0xBA55ED50
 FATBIN_HEADER = struct.Struct("<IHHQ")  # magic, version, header size, size of the entries that follow
@@ -104,7 +105,7 @@ def thin_fatbins(data: bytearray, keep_sm: set[int]) -> dict[str, int]:
 
 def split_parts(archive: Path, out: Path, part_mib: float) -> list[Path]:
     """archive cut into out/part-1/, out/part-2/, ..., each with the manifest of the whole."""
-    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    digest = sha256_file(archive)
     size = archive.stat().st_size
     step = int(part_mib * 2**20)
     count = (size + step - 1) // step
@@ -129,16 +130,13 @@ def join_parts(parts_dir: Path, site: Path) -> str:
     have = sorted(parts_dir.glob(f"{want['archive']}.*"))
     if len(have) < want["parts"]:
         return f"{len(have)} of {want['parts']} parts of {want['archive']} in {parts_dir}"
-    digest = hashlib.sha256()
-    for part in have:
-        digest.update(part.read_bytes())
-    if digest.hexdigest() != want["sha256"]:
-        return f"sha256 mismatch for {want['archive']}: parts from different packs?"
     with tempfile.TemporaryDirectory() as tmp:
         whole = Path(tmp) / want["archive"]
         with whole.open("wb") as f:
             for part in have:
                 f.write(part.read_bytes())
+        if sha256_file(whole) != want["sha256"]:
+            return f"sha256 mismatch for {want['archive']}: parts from different packs?"
         site.mkdir(parents=True, exist_ok=True)
         with tarfile.open(whole, "r:xz") as tar:
             try:
