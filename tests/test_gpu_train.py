@@ -31,21 +31,22 @@ def corpus(tmp_path_factory) -> Path:
         Pair(f"{w} all files", f"{s} todos los archivos", "v", "1", "x.mo", ("v",), novel=i % 2 == 0)
         for i, (w, s) in enumerate(zip(WORDS, SPANISH, strict=True))
     ]
-    write_splits(out, {"train": train, "valid": valid})
-    (out / "manifest.json").write_text(json.dumps({"language": "es"}))
+    write_splits(out, {"train": train, "valid": valid}, target="it")
+    # Not Spanish, the default: the pack's language must reach training.json (the export labels the pair).
+    (out / "manifest.json").write_text(json.dumps({"language": "it"}))
     return out
 
 
 @pytest.fixture(scope="module")
 def pack(corpus, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("pack") / "pack-es.tar"
+    out = tmp_path_factory.mktemp("pack") / "pack-it.tar"
     make_pack(corpus, TOKENIZER, out, log=lambda _msg: None)
     return out
 
 
 def test_the_pack_keeps_what_training_reads(corpus, pack):
     p = read_pack(pack)
-    assert p.meta["target_language"] == "es" and p.meta["pairs"] == {"train": 16, "valid": 8}
+    assert p.meta["target_language"] == "it" and p.meta["pairs"] == {"train": 16, "valid": 8}
     assert p.train[0] == ("Open the file\nnow", "Abrir el archivo\nahora")  # newlines survive
     assert p.train_packages == package_counts(corpus / "train.jsonl") == [1] * 8 + [4] * 8
     # 1 + log2(4) = 3 copies of each four-package pair, as model.train's repeat_frequent gives
@@ -92,6 +93,7 @@ def test_a_run_from_the_pack_writes_a_model_directory_that_fits_the_trip_back(pa
     assert run["steps"] == 6 and run["stop_reason"] == "max steps" and run["return"]["fits"]
     assert [r["step"] for r in training["history"]] == [3, 6]
     assert training["train_config"]["config"] == "tiny" and training["device"] == "cpu"
+    assert training["target_language"] == "it"
     model = load_release(out)  # what export and bench read
     assert model.config.d_model == 32 and model.config.n_encoder_layers == 1
 
