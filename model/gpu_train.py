@@ -365,7 +365,13 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             train_config = {k: v for k, v in vars(args).items() if isinstance(v, int | float | str | bool)}
             train_config |= {"max_tokens": max_tokens, "max_sentences": max_sentences, "bf16": bf16}
             metrics = release_metrics(
-                cpu_model, record, history, train_config, str(device), hardware, len(train_set),
+                cpu_model,
+                record,
+                history,
+                train_config,
+                str(device),
+                hardware,
+                len(train_set),
                 target_language=pack.meta["target_language"],
             )
             summary = {
