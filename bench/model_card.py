@@ -86,6 +86,42 @@ def _recipe(train_config: dict, lang: Language, args: argparse.Namespace) -> lis
     ]
 
 
+def _training_hours(training: dict) -> float:
+    """Hours to the shipped weights, the runs a continued model started from included."""
+    seconds, run = training["best"]["train_seconds"], training.get("gpu_train") or {}
+    while run.get("init_from"):
+        seconds += run["init_from"].get("best", {}).get("train_seconds", 0)
+        run = run["init_from"].get("gpu_train") or {}
+    return seconds / 3600
+
+
+def _gpu_run(training: dict) -> list[str]:
+    """How a `model.gpu_train` run went (docs/gpu.md): budget, throughput, schedule, and the release it
+    continued, with that release's own curve."""
+    run, config = training["gpu_train"], training["train_config"]
+    lines = [
+        f"Trained with `model.gpu_train` (docs/gpu.md) from a data pack of {run['pack']['pairs']['train']:,} "
+        f"pairs: {run['steps']:,} steps ({run['epochs']} epochs) in {run['train_seconds'] / 60:.1f} min, "
+        f"{run['target_tokens'] / 1e6:.1f}M target tokens ({run['target_tokens_per_s']:,}/s), batches of at most "
+        f"{config['max_tokens']:,} tokens and {config['max_sentences']} rows{', bf16 autocast' if config.get('bf16') else ''}; "
+        f"learning rate {config['lr']:g} after {config['warmup']} warm-up steps, then linearly to 0 over the last "
+        f"{config['cooldown_fraction']:.0%} of the time budget (stopped: {run['stop_reason']}).",
+    ]  # fmt: skip
+    init = run.get("init_from")
+    if init:
+        best = init.get("best", {})
+        lines += [
+            "",
+            f"It continued the previous release (`{init['path']}`, trained on "
+            f"{init.get('hardware', 'an unrecorded machine')}: {_shipped_weights(best).lower()}, valid loss "
+            f"{best.get('valid_loss', float('nan')):.3f}, novel valid BLEU {best.get('valid_bleu', float('nan')):.2f}); "
+            "the curve below counts steps from the continuation's start. The previous release's curve:",
+            "",
+            *_curve(init.get("history", [])),
+        ]  # fmt: skip
+    return lines
+
+
 def _row(name: str, s: dict) -> str:
     ph = s["placeholders"]
     kept = (
@@ -367,7 +403,7 @@ def render(args: argparse.Namespace) -> str:
         *_recipe(training["train_config"], lang, args),
         f"Hardware: {training.get('hardware', 'CPU (not recorded)')}, {training.get('threads', '?')} threads, "
         f"device {training.get('device', 'cpu')}. {_shipped_weights(best)} (epoch {best['epoch']}), "
-        f"{best['train_seconds'] / 3600:.2f} h of training in all, {training['train_pairs']:,} training pairs.",
+        f"{_training_hours(training):.2f} h of training in all, {training['train_pairs']:,} training pairs.",
         "Validation: loss on 4,000 valid pairs; greedy BLEU/chrF on 400 *novel* valid pairs (the checkpoint "
         "criterion) and on 400 of all valid pairs; the common UI strings' accepted share.",
         *(
@@ -378,7 +414,11 @@ def render(args: argparse.Namespace) -> str:
             if any(row.get("run") == "init" for row in history)
             else []
         ),  # fmt: skip
-        _convergence(history, training["train_config"]),
+        *(
+            _gpu_run(training)
+            if "gpu_train" in training
+            else [_convergence(history, training["train_config"])]
+        ),
         "",
         *_curve(history),
         "",

@@ -246,6 +246,20 @@ def with_targets(pairs: list[tuple[str, str]], path: Path) -> list[tuple[str, st
 # ---- training ------------------------------------------------------------------------------------------
 
 
+def init_record(init_from: Path | None) -> dict[str, Any] | None:
+    """What a continued run started from, for its training.json and model card: the directory and, when
+    that model has a training.json, its own record (a model continued twice nests both)."""
+    if init_from is None:
+        return None
+    previous = init_from / "training.json"
+    record: dict[str, Any] = {"path": str(init_from)}
+    if previous.exists():
+        before = json.loads(previous.read_text())
+        keys = ("best", "history", "train_config", "device", "hardware", "gpu_train")
+        record |= {k: before[k] for k in keys if k in before}
+    return record
+
+
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -376,6 +390,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             )
             summary = {
                 "pack": {k: pack.meta[k] for k in ("language", "target_language", "pairs")},
+                "init_from": init_record(args.init_from),
                 "steps": step,
                 "epochs": epoch,
                 "target_tokens": tokens_seen,

@@ -385,6 +385,36 @@ def test_the_model_card_says_whether_the_run_has_converged():
     assert ended.startswith("The run ended with a cooldown (`--cooldown 500`)") and "to step 750" in ended
 
 
+def test_the_model_card_tells_a_gpu_run_and_the_release_it_continued():
+    from bench.model_card import _gpu_run, _training_hours
+
+    cpu_best = {"step": 6500, "epoch": 2, "valid_loss": 1.7484, "valid_bleu": 34.88, "train_seconds": 9000.0}
+    row = {"step": 2513, "epoch": 3, "valid_loss": 1.525, "valid_bleu": 39.25, "valid_chrf": 61.26,
+           "train_seconds": 138.0}  # fmt: skip
+    training = {
+        "best": row, "history": [row],
+        "train_config": {"max_tokens": 16384, "max_sentences": 512, "bf16": True, "lr": 8e-4, "warmup": 600,
+                         "cooldown_fraction": 0.2},
+        "gpu_train": {
+            "pack": {"pairs": {"train": 315423, "valid": 15213}}, "steps": 2513, "epochs": 3,
+            "train_seconds": 138.0, "target_tokens": 12_345_678, "target_tokens_per_s": 115659,
+            "stop_reason": "cooldown finished",
+            "init_from": {"path": "models/en-fr-small", "hardware": "AMD EPYC, 2 cores", "best": cpu_best,
+                          "history": [cpu_best | {"valid_chrf": 57.6}]},
+        },
+    }  # fmt: skip
+    text = "\n".join(_gpu_run(training))
+    assert "2,513 steps (3 epochs) in 2.3 min, 12.3M target tokens (115,659/s)" in text
+    assert "batches of at most 16,384 tokens and 512 rows, bf16 autocast" in text
+    assert "learning rate 0.0008 after 600 warm-up steps, then linearly to 0 over the last 20%" in text
+    assert "It continued the previous release (`models/en-fr-small`, trained on AMD EPYC, 2 cores" in text
+    assert "best checkpoint: step 6,500, valid loss 1.748, novel valid BLEU 34.88" in text
+    assert "| 6,500 | 2 | 1.748 | 34.88 |" in text  # the earlier run's curve
+    assert _training_hours(training) == (9000.0 + 138.0) / 3600
+    del training["gpu_train"]["init_from"]
+    assert "continued" not in "\n".join(_gpu_run(training)) and _training_hours(training) == 138.0 / 3600
+
+
 def test_tune_decoding_picks_the_smallest_alpha_near_the_best_on_valid(data_dir, tiny_checkpoint, tmp_path):
     from bench import tune_decoding
 

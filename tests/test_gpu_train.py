@@ -128,6 +128,9 @@ def test_a_pre_norm_run_writes_a_pre_norm_model_that_init_from_keeps(pack, tmp_p
     more = tmp_path / "more"
     _train(pack, more, "--init-from", str(out), "--no-norm-first", "--max-steps", "2", "--valid-every", "0")
     assert json.loads((more / "config.json").read_text())["norm_first"] is True
+    # and its training.json keeps where it started: the earlier run's curve, for the model card
+    init = json.loads((more / "training.json").read_text())["gpu_train"]["init_from"]
+    assert init["path"] == str(out) and init["gpu_train"]["steps"] == 2 and init["best"]["step"] == 2
 
 
 def test_too_large_weights_come_back_as_int8_parts_and_restore_to_fp16(pack, tmp_path):
