@@ -59,6 +59,8 @@ SYSTEMS = [
     "torch-kv",
     "ct2-fp32",
     "ct2-int8",
+    "peer-fp32",  # --peer-bundle: another model's bundle (a candidate architecture against the shipped one)
+    "peer-int8",
 ]
 LABELS = {
     "engine-fp32": "ONNX engine fp32",
@@ -68,6 +70,8 @@ LABELS = {
     "torch-kv": "PyTorch, KV cache",
     "ct2-fp32": "CTranslate2 float32",
     "ct2-int8": "CTranslate2 int8",
+    "peer-fp32": "peer bundle, ONNX engine fp32",
+    "peer-int8": "peer bundle, ONNX engine int8",
 }
 # (numerator, denominator) pairs of tokens/s ratios; > 1 means the numerator is faster.
 RATIOS = [
@@ -77,6 +81,8 @@ RATIOS = [
     ("engine-fp32", "torch-kv"),
     ("torch-kv", "ct2-fp32"),
     ("torch-kv", "torch-nocache"),
+    ("peer-fp32", "engine-fp32"),
+    ("peer-int8", "engine-int8"),
 ]
 
 
@@ -444,6 +450,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads for every system")
     parser.add_argument("--settings", default=",".join(SETTINGS), help=f"subset of {','.join(SETTINGS)}")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"subset of {','.join(SYSTEMS)}")
+    parser.add_argument(
+        "--peer-bundle",
+        type=Path,
+        help="another model's bundle, timed in the same run as peer-fp32/peer-int8 (same sentences; "
+        "its outputs are its own, so only its speed is compared)",
+    )
     parser.add_argument("--json", type=Path, help="write results here")
     parser.add_argument("--profile", action="store_true", help="also profile the engine's translate")
     args = parser.parse_args(argv)
@@ -519,6 +531,12 @@ def main(argv: list[str] | None = None) -> None:
                 systems[name] = EngineSystem(name, args.bundle, variant, args.threads, name.endswith("-text"))
             except Exception as e:  # noqa: BLE001 - engine or bundle not there (yet), or no such variant
                 notes.append(f"{name} skipped: {type(e).__name__}: {e}")
+        for name, variant in (("peer-fp32", "fp32"), ("peer-int8", "int8")):
+            if name in wanted and args.peer_bundle is not None:
+                try:
+                    systems[name] = EngineSystem(name, args.peer_bundle, variant, args.threads)
+                except Exception as e:  # noqa: BLE001 - no such variant in the peer bundle
+                    notes.append(f"{name} skipped: {type(e).__name__}: {e}")
         if any(n.startswith("engine") for n in systems):
             manifest = args.bundle / "manifest.json"
             if manifest.exists() and model_sha not in manifest.read_text():
@@ -663,6 +681,7 @@ def main(argv: list[str] | None = None) -> None:
                     "model": str(args.model),
                     "model_sha256": model_sha,
                     "bundle": str(args.bundle),
+                    "peer_bundle": str(args.peer_bundle) if args.peer_bundle else None,
                     "sentences": len(texts),
                     "source_tokens": sum(src_lens),
                     "seed": args.seed,

@@ -152,14 +152,17 @@ def test_engine_speed_runs_on_the_shipped_sample_without_a_corpus(tiny: TinyBund
     assert sum(len(t.split()) > 15 for t in texts) >= 24 and sum(len(t.split()) <= 6 for t in texts) >= 24
     out = tmp_path / "speed.json"
     argv = ["--model", str(tiny.checkpoint), "--bundle", str(tiny.bundle), "--sentences", "6", "--reps", "1"]
-    argv += ["--threads", "1", "--systems", "engine-fp32,engine-int8", "--settings", "b1-greedy,b32-beam4"]
+    argv += ["--threads", "1", "--systems", "engine-fp32,engine-int8,peer-fp32"]
+    argv += ["--settings", "b1-greedy,b32-beam4"]
     argv += ["--max-source-tokens", "20"]  # the tiny bundle takes 24
+    argv += ["--peer-bundle", str(tiny.bundle)]  # a candidate model's bundle; here the same one
     engine_speed.main([*argv, "--json", str(out)])
     report = json.loads(out.read_text())
     assert report["meta"]["texts"].endswith("speed.en") and report["meta"]["sentences"] == 6
     cpu = report["meta"]["cpu"]
     assert cpu["model"] and isinstance(cpu["vector_extensions"], list) and cpu["logical_cpus"] >= 1
-    assert {r["system"] for r in report["results"]} == {"engine-fp32", "engine-int8"}
+    assert {r["system"] for r in report["results"]} == {"engine-fp32", "engine-int8", "peer-fp32"}
+    assert set(report["ratios_tokens_per_s"]["peer-fp32 / engine-fp32"]) == {"b1-greedy", "b32-beam4"}
     assert report["batch1_vs_batch32_differences"] == {} or all(
         v == 0 for v in report["batch1_vs_batch32_differences"].values()
     )
