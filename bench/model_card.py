@@ -101,7 +101,7 @@ def _gpu_run(training: dict) -> list[str]:
     run, config = training["gpu_train"], training["train_config"]
     lines = [
         f"Trained with `model.gpu_train` (docs/gpu.md) from a data pack of {run['pack']['pairs']['train']:,} "
-        f"pairs: {run['steps']:,} steps ({run['epochs']} epochs) in {run['train_seconds'] / 60:.1f} min, "
+        f"train pairs (the ones many packages ship repeated, as in `model.train`): {run['steps']:,} steps ({run['epochs']} epochs) in {run['train_seconds'] / 60:.1f} min, "
         f"{run['target_tokens'] / 1e6:.1f}M target tokens ({run['target_tokens_per_s']:,}/s), batches of at most "
         f"{config['max_tokens']:,} tokens and {config['max_sentences']} rows{', bf16 autocast' if config.get('bf16') else ''}; "
         f"learning rate {config['lr']:g} after {config['warmup']} warm-up steps, then linearly to 0 over the last "
