@@ -118,6 +118,8 @@ def _gpu_run(training: dict) -> list[str]:
             "the curve below counts steps from the continuation's start. The previous release's curve:",
             "",
             *_curve(init.get("history", [])),
+            "",
+            "This run's curve:",
         ]  # fmt: skip
     return lines
 

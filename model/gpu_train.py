@@ -378,6 +378,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             cpu_model.load_state_dict(best["state"] if best["state"] is not None else model.state_dict())
             train_config = {k: v for k, v in vars(args).items() if isinstance(v, int | float | str | bool)}
             train_config |= {"max_tokens": max_tokens, "max_sentences": max_sentences, "bf16": bf16}
+            if args.init_from:  # --config did not apply: the continued model's own config.json did
+                train_config["config"] = f"{args.init_from}/config.json"
             metrics = release_metrics(
                 cpu_model,
                 record,

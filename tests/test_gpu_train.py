@@ -131,6 +131,7 @@ def test_a_pre_norm_run_writes_a_pre_norm_model_that_init_from_keeps(pack, tmp_p
     # and its training.json keeps where it started: the earlier run's curve, for the model card
     init = json.loads((more / "training.json").read_text())["gpu_train"]["init_from"]
     assert init["path"] == str(out) and init["gpu_train"]["steps"] == 2 and init["best"]["step"] == 2
+    assert json.loads((more / "training.json").read_text())["train_config"]["config"] == f"{out}/config.json"
 
 
 def test_too_large_weights_come_back_as_int8_parts_and_restore_to_fp16(pack, tmp_path):
