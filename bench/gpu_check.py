@@ -626,14 +626,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sample = pool[: args.sentences]
         engines: dict[str, Any] = {}
 
-        def engine(variant: str, on: str) -> Any:
+        def engine(variant: str, on: str, tf32: bool = True) -> Any:
             from server.engine import Engine
 
-            key = f"{variant}@{on}"
+            key = f"{variant}@{on}{'' if tf32 else '-no-tf32'}"
             if key not in engines:
                 engines[key] = Engine(
-                    state["bundle"]["path"], variant=variant, device=on, intra_op_threads=args.threads
-                )
+                    state["bundle"]["path"], variant=variant, device=on, intra_op_threads=args.threads,
+                    cuda_tf32=tf32,
+                )  # fmt: skip
             return engines[key]
 
         def do_parity() -> dict[str, Any]:
@@ -647,6 +648,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     continue
                 # in --cpu-only mode a second CPU engine: the comparison's code path, difference 0
                 result[variant] = parity(ref, engine(variant, device), sample)
+            # fp32 without TF32 (TRANSLATOR_CUDA_TF32=false): tells TF32 rounding from a defect
+            result["fp32-no-tf32"] = parity(ref, engine("fp32", device, tf32=False), sample)
             return result
 
         stage("parity", do_parity, needs=no_engine or bundle_missing, minimum_s=20)

@@ -40,6 +40,7 @@ class ServerConfig:
     http_port: int = 0  # LibreTranslate-compatible HTTP API and web page; 0 = off (compose: 5000)
     variant: str = "fp32"  # fp32 | int8
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    cuda_tf32: bool = True  # CUDA: TF32 math in fp32 matrix products (Ampere and newer); false = full fp32
     threads: int = 0  # ONNX Runtime intra-op threads; 0 = one per physical core (engine: physical_cores)
     batching: bool = True  # False: every engine batch holds segments of one request only (= mode off)
     batching_mode: str = "inflight"  # inflight | request | off (batching=false forces off)
@@ -246,6 +247,8 @@ HELP = {
     "HTTPS with the gRPC certificate when TLS is on, the bearer token doubles as api_key",
     "variant": "weights variant: fp32 or int8",
     "device": "execution device: auto (CUDA when usable, else CPU), cpu, cuda or cuda:N",
+    "cuda_tf32": "on CUDA, let fp32 matrix products use TF32 math (Ampere and newer GPUs: faster, "
+    "log-probs within about 2e-2 of the CPU's); false: full fp32 precision. No effect on the CPU",
     "threads": "ONNX Runtime intra-op threads, >= 0 (0 = one per physical core available to the "
     "process; the 'model ready' log line shows the number used)",
     "batching": "batch segments of different requests together (false: one request per engine batch)",

@@ -106,6 +106,18 @@ def test_config_accepts_exactly_the_devices_the_engine_accepts():
         assert config_accepts == engine_accepts, device
 
 
+def test_cuda_tf32_reaches_the_cuda_provider_s_options():
+    """TRANSLATOR_CUDA_TF32=false asks ONNX Runtime's CUDA provider for full fp32 (use_tf32=0); the
+    default passes no option at all, so a build that predates it keeps working."""
+    from server.engine.sessions import cuda_provider
+
+    assert load_config([], {}).cuda_tf32 is True
+    assert load_config([], {"TRANSLATOR_CUDA_TF32": "false"}).cuda_tf32 is False
+    assert load_config(["--no-cuda-tf32"], {}).cuda_tf32 is False
+    assert cuda_provider(1) == ("CUDAExecutionProvider", {"device_id": "1"})
+    assert cuda_provider(0, tf32=False) == ("CUDAExecutionProvider", {"device_id": "0", "use_tf32": "0"})
+
+
 def test_help_says_what_the_code_does():
     assert "physical core" in HELP["threads"] and "ONNX Runtime default" not in HELP["threads"]
     assert "-1" in HELP["metrics_port"]

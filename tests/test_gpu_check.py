@@ -21,6 +21,8 @@ def test_cpu_mode_runs_every_stage_on_the_shipped_bundle(shipped_bundle, tmp_pat
     # a second engine on the same provider: the comparison's code path, and nothing may differ
     fp32 = report["parity"]["fp32"]
     assert fp32["step_logprob_max_abs"] == 0.0 and fp32["greedy_mismatches"] == fp32["beam4_mismatches"] == 0
+    # and one asked for full fp32 (TRANSLATOR_CUDA_TF32=false; on the CPU the same arithmetic)
+    assert report["parity"]["fp32-no-tf32"]["step_logprob_max_abs"] == 0.0
     inflight = report["inflight"]
     assert inflight["beam1_differ_from_request_level"] == inflight["beam4_differ_from_request_level"] == 0
     assert set(inflight["beam4"]) == {"request-arrival", "request-sorted", "inflight"}

@@ -70,6 +70,7 @@ class Generator:
         device: str = "cpu",
         intra_op_threads: int = 0,
         io_binding: bool | None = None,
+        cuda_tf32: bool = True,
         pad_id: int = 0,
         bos_id: int = 1,
         eos_id: int = 2,
@@ -85,7 +86,7 @@ class Generator:
         optional = {"cache": cache_path, "kv_rows": kv_rows_path, "kv_step": kv_step_path}
         self.paths |= {name: Path(p) for name, p in optional.items() if p is not None}
         self.threads = intra_op_threads if intra_op_threads > 0 else physical_cores()
-        sessions, self.on_cuda, device_id = open_sessions(self.paths, device, self.threads)
+        sessions, self.on_cuda, device_id = open_sessions(self.paths, device, self.threads, cuda_tf32)
         self.providers: list[str] = sessions["decoder"].get_providers()
         self.graphs = Graphs.inspect(sessions, self.paths["decoder"].parent)
         gr = self.graphs  # the model interface, also as attributes for callers (e.g. bench/step_cost):

@@ -81,13 +81,24 @@ def load_sessions(
     return sessions
 
 
+def cuda_provider(device_id: int, tf32: bool = True) -> tuple[str, dict[str, str]]:
+    """The CUDA execution provider with its options. ONNX Runtime allows TF32 in fp32 MatMuls by default
+    (on an H100: 1.75e-2 max |d log-prob| against the CPU, docs/gpu.md); use_tf32=0 asks for full fp32.
+    The option is only passed to turn TF32 off, so builds that predate it keep their default."""
+    options = {"device_id": str(device_id)}
+    if not tf32:
+        options["use_tf32"] = "0"
+    return "CUDAExecutionProvider", options
+
+
 def open_sessions(
-    paths: dict[str, Path], device: str, threads: int
+    paths: dict[str, Path], device: str, threads: int, cuda_tf32: bool = True
 ) -> tuple[dict[str, ort.InferenceSession], bool, int]:
     """Load `paths` for `device` ('auto', 'cpu', 'cuda' or 'cuda:N'): (sessions, on_cuda, device_id).
 
     'auto' takes CUDA when the build has it and every session really runs there, else the CPU; an
-    explicit 'cuda' that cannot be honoured raises RuntimeError (ValueError for an unknown device)."""
+    explicit 'cuda' that cannot be honoured raises RuntimeError (ValueError for an unknown device).
+    cuda_tf32=False: full fp32 precision on CUDA (see cuda_provider)."""
     device = device.lower()
     if device not in ("auto", "cpu") and not device.startswith("cuda"):
         raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
@@ -101,7 +112,7 @@ def open_sessions(
         device == "auto" and "CUDAExecutionProvider" in ort.get_available_providers()
     )
     if want_cuda:
-        cuda = ("CUDAExecutionProvider", {"device_id": device_id})
+        cuda = cuda_provider(device_id, cuda_tf32)
         # onnxruntime-gpu lists CUDA as available even without a usable GPU: trust the sessions only
         # (they either fall back to CPU silently or fail to initialise CUDA).
         problem = ""

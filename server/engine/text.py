@@ -64,6 +64,7 @@ class Engine:
         io_binding: bool | None = None,
         memory: bool = True,
         lexical_guard: bool = True,
+        cuda_tf32: bool = True,
     ) -> None:
         self.bundle_dir = Path(bundle_dir)
         self.manifest: dict[str, Any] = load_manifest(self.bundle_dir, variant)
@@ -106,6 +107,7 @@ class Engine:
             device=device,
             intra_op_threads=intra_op_threads,
             io_binding=io_binding,
+            cuda_tf32=cuda_tf32,
             pad_id=int(ids["pad"]),
             bos_id=int(ids["bos"]),
             eos_id=int(ids["eos"]),
