@@ -656,12 +656,12 @@ def main(argv: list[str] | None = None) -> None:
         engine_ratios = [
             f"{k} = " + ", ".join(f"{s} {v:.2f}" for s, v in per.items())
             for k, per in ratios.items()
-            if k.startswith("engine") and "ct2" in k
+            if (k.startswith("engine") and "ct2" in k) or k.startswith("peer")
         ]
         summary = (
             f"Summary: {len(order)} systems x {len(settings)} settings on {len(texts)} sentences, "
             f"{args.threads} threads, median of {args.reps} reps.\n  tokens/s ratios: "
-            + ("; ".join(engine_ratios) if engine_ratios else "(no engine)")
+            + ("; ".join(engine_ratios) if engine_ratios else "(no engine against CTranslate2 or peer)")
             + "\n  greedy mismatches: "
             + ("; ".join(greedy_mm) or "(not checked)")
         )
