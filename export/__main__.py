@@ -14,6 +14,7 @@ import json
 import sys
 from pathlib import Path
 
+from export import fused_step
 from export.build import VARIANTS, export_bundle, summary_line
 
 
@@ -50,6 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--optimize", action="store_true", help="apply onnxruntime.transformers optimizer (fp32)"
+    )
+    parser.add_argument(
+        "--fused-attention",
+        nargs="?",
+        const="split",
+        choices=fused_step.SELF_ATTENTION,
+        help="decoder step with ONNX Runtime's contrib MultiHeadAttention (cross-attention; self-attention "
+        "too with 'mha'; default 'split'): fewer nodes, same interface (export/fused_step.py)",
     )
     parser.add_argument("--data", type=Path, default=Path("data"), help="corpus dir with test.en for parity")
     parser.add_argument("--parity-sentences", type=int, default=16)
@@ -90,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             data_dir=args.data,
             parity_sentences=args.parity_sentences,
             threads=args.threads,
+            fused_attention=args.fused_attention,
         )
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"export failed: {e}", file=sys.stderr)

@@ -18,7 +18,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from export import cache_graphs, int8, precision, verify
+from export import cache_graphs, fused_step, int8, precision, verify
 from export import onnx_export as ox
 from model.model import Transformer
 from model.tokenizer import MODEL_FILE, Tokenizer
@@ -104,10 +104,13 @@ def export_bundle(
     parity_sentences: int = 16,
     threads: int = 1,
     model: Transformer | None = None,
+    fused_attention: str | None = None,
 ) -> dict[str, Any]:
     """Export `checkpoint` to the bundle directory `out` (replaced atomically). Returns the manifest.
 
     `model` may be given to skip loading (tests); it must match the checkpoint's weights.
+    `fused_attention` ("split" or "mha", see export/fused_step.py): the decoder step written with ONNX
+    Runtime's contrib MultiHeadAttention (same graph interface) instead of the traced one.
     Raises RuntimeError if the fp32 parity check fails (max |log-prob difference| > 1e-4).
     """
     started = time.perf_counter()
@@ -147,7 +150,7 @@ def export_bundle(
     try:
         manifest = _build(
             model, tokenizer, checkpoint, stage, variants, optimize, data_dir,
-            parity_sentences, threads, max_source_tokens,
+            parity_sentences, threads, max_source_tokens, fused_attention,
         )  # fmt: skip
         lists = (
             ("keep_terms", KEEP_TERMS),
@@ -235,6 +238,7 @@ def _build(
     parity_sentences: int,
     threads: int,
     max_source_tokens: int,
+    fused_attention: str | None = None,
 ) -> dict[str, Any]:
     n_layers = model.config.n_decoder_layers
     shutil.copyfile(checkpoint / MODEL_FILE, stage / TOKENIZER)
@@ -243,8 +247,16 @@ def _build(
     raw.mkdir()
     _log(f"exporting {checkpoint} ({model.num_parameters() / 1e6:.2f}M parameters) -> variants {variants}")
     _step("fp32 encoder (torch.onnx.export)", lambda: ox.export_encoder(model, raw / "encoder.onnx"))
-    _step("fp32 decoder step (torch.onnx.export)", lambda: ox.export_decoder(model, raw / "decoder.onnx"))
+    if fused_attention:
+        _step(
+            "fp32 decoder step (fused attention, onnx.helper)",
+            lambda: fused_step.export_fused_decoder(model, raw / "decoder.onnx", fused_attention),
+        )
+    else:
+        _step("fp32 decoder step (torch.onnx.export)", lambda: ox.export_decoder(model, raw / "decoder.onnx"))
     info: dict[str, Any] = {"variants": {}, "graphs": {}, "parity": {}, "node_counts": {}, "optimizer": {}}
+    if fused_attention:  # for the record: which decoder step graph the bundle has
+        info["decoder_step"] = f"{fused_step.DESCRIPTION} (self-attention: {fused_attention})"
     try:
         for variant in variants:
             vdir = stage / variant
