@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import itertools
 import json
 import os
 import platform
@@ -196,8 +197,11 @@ def bundle_variants(bundle: Path) -> list[str]:
     return list(json.loads((bundle / "manifest.json").read_text())["variants"])
 
 
-def prepare_bundle(model: Path, bundle: Path | None, out: Path, variants: tuple[str, ...]) -> dict[str, Any]:
-    """`bundle` when it has every variant asked for, else `model` exported to `out` with them."""
+def prepare_bundle(
+    model: Path, bundle: Path | None, out: Path, variants: tuple[str, ...], fused_attention: str | None = None
+) -> dict[str, Any]:
+    """`bundle` when it has every variant asked for, else `model` exported to `out` with them
+    (`fused_attention`: the decoder step of export --fused-attention)."""
     if bundle is not None and (bundle / "manifest.json").is_file():
         have = bundle_variants(bundle)
         if all(v in have for v in variants):
@@ -206,8 +210,9 @@ def prepare_bundle(model: Path, bundle: Path | None, out: Path, variants: tuple[
 
     t0 = time.perf_counter()
     manifest = export_bundle(
-        model, out, variants=variants, parity_sentences=4, threads=min(8, os.cpu_count() or 1)
-    )
+        model, out, variants=variants, parity_sentences=4, threads=min(8, os.cpu_count() or 1),
+        fused_attention=fused_attention,
+    )  # fmt: skip
     return {
         "path": str(out),
         "variants": list(manifest["variants"]),
@@ -421,8 +426,10 @@ def speed(
     reps: int,
     threads: int,
     work: Path,
+    fused: Path | None = None,
 ) -> dict[str, Any]:
-    """engine_speed's passes for the engine and CTranslate2 on `device`, per SETTINGS."""
+    """engine_speed's passes for the engine and CTranslate2 on `device`, per SETTINGS; with `fused`, that
+    bundle (export --fused-attention) as engine-fused-<variant> in the same passes."""
     from bench.engine_speed import CT2System, EngineSystem, compare, run_pass
     from model.tokenizer import Tokenizer
     from model.train import load_release
@@ -430,10 +437,11 @@ def speed(
 
     notes: list[str] = []
     systems: dict[str, Any] = {}
-    for variant in variants:
+    engines = [("engine", bundle)] + ([("engine-fused", fused)] if fused is not None else [])
+    for (prefix, path), variant in itertools.product(engines, variants):
         system = EngineSystem.__new__(EngineSystem)  # engine_speed's system, on `device`
-        system.name, system.text_layer = f"engine-{variant}", False
-        system.engine = Engine(bundle, variant=variant, device=device, intra_op_threads=threads)
+        system.name, system.text_layer = f"{prefix}-{variant}", False
+        system.engine = Engine(path, variant=variant, device=device, intra_op_threads=threads)
         system.options = {
             b: DecodingOptions(beam_size=b, num_hypotheses=1, max_length=0, length_penalty=0.6)
             for b in (1, 4)
@@ -500,6 +508,8 @@ def speed(
     ratios: dict[str, dict[str, float]] = {}
     mismatches: dict[str, dict[str, int]] = {}
     pairs = [("engine-fp32", "ct2-float32"), ("engine-fp16", "ct2-float16"), ("engine-fp16", "engine-fp32")]
+    pairs += [("engine-fused-fp32", "engine-fp32"), ("engine-fused-fp16", "engine-fp16")]
+    pairs += [("engine-fused-fp32", "ct2-float32"), ("engine-fused-fp16", "ct2-float16")]
     for a, b in pairs:
         for setting in SETTINGS:
             if (a, setting) in by and (b, setting) in by:
@@ -618,6 +628,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         def do_bundle() -> dict[str, Any]:
             out = args.work / "bundle" if args.work else work / "bundle"
             state["bundle"] = prepare_bundle(args.model, args.bundle, out, variants)
+            if args.fused_attention:  # the same weights with the fused decoder step, beside it
+                fused_out = (args.work or work) / f"bundle-fused-{args.fused_attention}"
+                state["bundle"]["fused"] = prepare_bundle(
+                    args.model, None, fused_out, variants, fused_attention=args.fused_attention
+                )
             return state["bundle"]
 
         stage("bundle", do_bundle, needs=no_engine, minimum_s=30)
@@ -626,14 +641,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sample = pool[: args.sentences]
         engines: dict[str, Any] = {}
 
-        def engine(variant: str, on: str, tf32: bool = True) -> Any:
+        def engine(variant: str, on: str, tf32: bool = True, fused: bool = False) -> Any:
             from server.engine import Engine
 
-            key = f"{variant}@{on}{'' if tf32 else '-no-tf32'}"
+            key = f"{variant}@{on}{'' if tf32 else '-no-tf32'}{'-fused' if fused else ''}"
             if key not in engines:
                 engines[key] = Engine(
-                    state["bundle"]["path"], variant=variant, device=on, intra_op_threads=args.threads,
-                    cuda_tf32=tf32,
+                    state["bundle"]["fused"]["path"] if fused else state["bundle"]["path"],
+                    variant=variant, device=on, intra_op_threads=args.threads, cuda_tf32=tf32,
                 )  # fmt: skip
             return engines[key]
 
@@ -650,6 +665,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 result[variant] = parity(ref, engine(variant, device), sample)
             # fp32 without TF32 (TRANSLATOR_CUDA_TF32=false): tells TF32 rounding from a defect
             result["fp32-no-tf32"] = parity(ref, engine("fp32", device, tf32=False), sample)
+            if "fused" in state["bundle"]:  # the fused step on the device against the traced one on the CPU
+                result["fused-fp32"] = parity(ref, engine("fp32", device, fused=True), sample)
             return result
 
         stage("parity", do_parity, needs=no_engine or bundle_missing, minimum_s=20)
@@ -678,9 +695,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ]
             sizes = {s: args.speed_sentences * (1 if SETTINGS[s][0] == 1 else 4) for s in SETTINGS}
             sizes["b128-greedy"] = args.speed_sentences * 8
+            fused = state.get("bundle", {}).get("fused")
             result = speed(
                 Path(state["bundle"]["path"]) if engine_variants else Path(),
                 args.model, device, engine_variants, pool, sizes, args.reps, args.threads, work,
+                Path(fused["path"]) if fused and engine_variants else None,
             )  # fmt: skip
             if not engine_variants:
                 result["notes"].append(f"engine skipped: {no_engine or bundle_missing}")
@@ -714,6 +733,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=0, help="closed-loop clients (32; cpu-only 4)")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime / CTranslate2 threads (4; 1)")
     p.add_argument("--budget-s", type=float, default=0, help="no stage starts after this (300; 120)")
+    p.add_argument(
+        "--fused-attention",
+        choices=("split", "mha"),
+        help="also export the decoder step with ONNX Runtime's MultiHeadAttention (export --fused-attention) "
+        "and time it beside the traced one as engine-fused-<variant>",
+    )
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     p.add_argument("--ct2-probe", type=Path, help=argparse.SUPPRESS)
     return p

@@ -11,7 +11,8 @@ from bench.gpu_check import SETTINGS, main
 
 def test_cpu_mode_runs_every_stage_on_the_shipped_bundle(shipped_bundle, tmp_path, capsys):
     report_path = tmp_path / "gpu-check.json"
-    assert main(["--cpu-only", "--bundle", str(shipped_bundle), "--json", str(report_path)]) == 0
+    argv = ["--cpu-only", "--bundle", str(shipped_bundle), "--json", str(report_path)]
+    assert main([*argv, "--fused-attention", "split"]) == 0
     report = json.loads(report_path.read_text())
     assert report["mode"] == "cpu-only"
     assert {n: s["status"] for n, s in report["stages"].items()} == dict.fromkeys(
@@ -23,6 +24,10 @@ def test_cpu_mode_runs_every_stage_on_the_shipped_bundle(shipped_bundle, tmp_pat
     assert fp32["step_logprob_max_abs"] == 0.0 and fp32["greedy_mismatches"] == fp32["beam4_mismatches"] == 0
     # and one asked for full fp32 (TRANSLATOR_CUDA_TF32=false; on the CPU the same arithmetic)
     assert report["parity"]["fp32-no-tf32"]["step_logprob_max_abs"] == 0.0
+    # the fused decoder step (export --fused-attention) beside the traced one: close, same outputs
+    fused = report["parity"]["fused-fp32"]
+    assert fused["step_logprob_max_abs"] < 1e-3 and fused["greedy_mismatches"] == 0, fused
+    assert "engine-fused-fp32 / engine-fp32" in report["speed"]["ratios_tokens_per_s"]
     inflight = report["inflight"]
     assert inflight["beam1_differ_from_request_level"] == inflight["beam4_differ_from_request_level"] == 0
     assert set(inflight["beam4"]) == {"request-arrival", "request-sorted", "inflight"}
@@ -30,7 +35,8 @@ def test_cpu_mode_runs_every_stage_on_the_shipped_bundle(shipped_bundle, tmp_pat
     assert grpc["ok"] > 0 and grpc["errors"] == {} and grpc["latency_ms"]["p95"] > 0, grpc
     speed = report["speed"]
     timed = {(r["system"], r["setting"]) for r in speed["rows"]}
-    assert timed == {(s, setting) for s in ("engine-fp32", "ct2-float32") for setting in SETTINGS}
+    systems = ("engine-fp32", "engine-fused-fp32", "ct2-float32")
+    assert timed == {(s, setting) for s in systems for setting in SETTINGS}
     assert set(speed["ratios_tokens_per_s"]["engine-fp32 / ct2-float32"]) == set(SETTINGS)
     # same weights, and CTranslate2's greedy fp32 is exact (export.ctranslate2_spec)
     assert speed["mismatches"]["engine-fp32 vs ct2-float32"]["b1-greedy"] == 0, speed["mismatches"]
