@@ -564,7 +564,13 @@ def build(
     workers: int = 2,
     dictionaries: bool = True,
     lang: str = DEFAULT_LANGUAGE,
+    extra_catalogs: bool = False,
+    max_extra_packages: int | None = None,
+    max_extra_bytes: int | None = None,
 ) -> dict:
+    """Build the corpus into `out` and return its manifest. `extra_catalogs` (opt-in) adds the catalogs of
+    Debian packages outside the ranked list to train only (model/extra_catalogs.py); without it the
+    corpus is byte for byte the one the shipped models' cards were computed on."""
     started = time.time()
     target = language(lang)
     packages = read_package_list(package_list, top, target.code)
@@ -595,6 +601,20 @@ def build(
     raw = len(all_pairs)
     all_pairs, capped_dictionaries = cap_dictionaries(all_pairs, dictionary_packages)
     splits = split_pairs(all_pairs)
+    extra_record = None
+    if extra_catalogs:
+        # Imported here: the default build never touches the Contents index or the extra packages.
+        from model import extra_catalogs as extra
+
+        splits, extra_record = extra.add_extra_catalogs(
+            splits,
+            target,
+            package_list,
+            cache_dir,
+            max_packages=max_extra_packages or extra.DEFAULT_MAX_PACKAGES,
+            max_bytes=max_extra_bytes or extra.DEFAULT_MAX_BYTES,
+            workers=workers,
+        )
     novel = {name: sum(bool(p.novel) for p in splits[name]) for name in ("valid", "test")}
     checksums = write_splits(out, splits, target.code)
     per_package: dict[str, Counter] = defaultdict(Counter)
@@ -625,6 +645,10 @@ def build(
         "sha256": checksums,
         "seconds": round(time.time() - started, 1),
     }
+    if extra_record is not None:
+        # Only with the flag: the default manifest keeps its keys and bytes.
+        manifest["sources"] += f"; {extra_record['source']}"
+        manifest["extra_catalogs"] = extra_record
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
     return manifest
 
@@ -657,6 +681,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--no-dictionaries", action="store_true", help="leave out the bilingual dictionaries (catalogs only)"
     )
+    parser.add_argument(
+        "--extra-catalogs",
+        action="store_true",
+        help="also train on the catalogs of Debian 12 packages outside the ranked list (train only; "
+        "model/extra_catalogs.py)",
+    )
+    parser.add_argument(
+        "--max-extra-packages", type=int, default=None, help="--extra-catalogs: at most N packages"
+    )
+    parser.add_argument(
+        "--max-extra-bytes", type=int, default=None, help="--extra-catalogs: at most N .deb bytes"
+    )
     args = parser.parse_args(argv)
     cache = args.cache or args.out / "cache" / "debs"
     manifest = build(
@@ -667,6 +703,9 @@ def main(argv: list[str] | None = None) -> None:
         args.workers,
         dictionaries=not args.no_dictionaries,
         lang=args.lang,
+        extra_catalogs=args.extra_catalogs,
+        max_extra_packages=args.max_extra_packages,
+        max_extra_bytes=args.max_extra_bytes,
     )
     counts, record = manifest["counts"], manifest["language"]
     print(
