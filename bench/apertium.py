@@ -64,8 +64,9 @@ class Apertium:
             raise RuntimeError(f"no Apertium mode {self.pair!r} in {mode_file.parent} (found {found})")
         if mode == "stream":
             script = subprocess.run(
-                ["apertium-wblank-mode", "-z", str(mode_file)], capture_output=True, text=True, check=True
-            ).stdout.strip()
+                ["apertium-wblank-mode", "-z", str(mode_file)], capture_output=True, text=True, check=True,
+                timeout=60,
+            ).stdout.strip()  # fmt: skip
             self._stderr = tempfile.TemporaryFile()
             # $1 = generator option (-n: no unknown-word marks, as `apertium -u`), $2 = tagger option.
             self._proc = subprocess.Popen(
@@ -76,9 +77,12 @@ class Apertium:
             )
 
     def version(self) -> str:
-        out = subprocess.run(["apertium", "-V"], capture_output=True, text=True)
+        out = subprocess.run(["apertium", "-V"], capture_output=True, text=True, timeout=60)
         package = subprocess.run(
-            ["dpkg-query", "-W", "-f=${Version}", "apertium-eng-spa"], capture_output=True, text=True
+            ["dpkg-query", "-W", "-f=${Version}", "apertium-eng-spa"],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         return f"apertium {out.stdout.strip()}, apertium-eng-spa {package.stdout.strip() or '?'}"
 

@@ -143,7 +143,7 @@ print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrs
 def load_cost(name: str) -> tuple[float, float]:
     """(seconds, peak MB) of a fresh process that imports, loads and calls the candidate once."""
     out = subprocess.run(
-        [sys.executable, "-c", LOAD, name], cwd=ROOT, capture_output=True, text=True, check=True
+        [sys.executable, "-c", LOAD, name], cwd=ROOT, capture_output=True, text=True, check=True, timeout=600
     ).stdout.split()
     return round(float(out[0]), 2), round(float(out[1]))
 

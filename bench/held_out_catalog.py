@@ -65,7 +65,9 @@ TEMPLATE_HEADER = {
 def read(path: Path) -> polib.POFile:
     """A .mo (through msgunfmt, which keeps msgctxt and plurals as gettext reads them) or a .po."""
     if path.suffix == ".mo":
-        text = subprocess.run(["msgunfmt", str(path)], capture_output=True, text=True, check=True).stdout
+        text = subprocess.run(
+            ["msgunfmt", str(path)], capture_output=True, text=True, check=True, timeout=120
+        ).stdout
         return polib.pofile(text)
     return polib.pofile(str(path))
 
@@ -87,7 +89,9 @@ def guess_flags(e: polib.POEntry, kde: bool) -> list[str]:
 
 
 def msgfmt_lines(path: str) -> set[int]:
-    proc = subprocess.run(["msgfmt", "-c", "-o", "/dev/null", path], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["msgfmt", "-c", "-o", "/dev/null", path], capture_output=True, text=True, timeout=120
+    )
     return {int(m.group(1)) for m in re.finditer(rf"{re.escape(path)}:(\d+): (?!warning)", proc.stderr)}
 
 

@@ -132,7 +132,7 @@ def pofilter(po: polib.POFile) -> dict[tuple[str | None, str], set[str]]:
         src, out = Path(tmp) / "in.po", Path(tmp) / "out.po"
         po.save(str(src))
         cmd = [str(Path(sys.executable).parent / "pofilter"), "--language=es", "--progress=none"]
-        subprocess.run([*cmd, str(src), str(out)], check=True, capture_output=True)
+        subprocess.run([*cmd, str(src), str(out)], check=True, capture_output=True, timeout=600)
         failed: dict[tuple[str | None, str], set[str]] = {}
         if out.exists():
             for e in polib.pofile(str(out)):

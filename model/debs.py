@@ -19,6 +19,10 @@ def cached_deb(cache_dir: Path, package: str) -> Path | None:
     return hits[-1] if hits else None
 
 
+# A package download or an index update that takes longer is a stuck mirror, not a slow one.
+APT_TIMEOUT_S = 600
+
+
 def download_packages(packages: list[str], cache_dir: Path) -> dict[str, Path]:
     """apt-get download what is not cached yet; runs `apt-get update` once if lists are missing."""
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -29,11 +33,14 @@ def download_packages(packages: list[str], cache_dir: Path) -> dict[str, Path]:
         for package in tqdm(missing, desc="apt-get download", unit="pkg"):
             for _attempt in range(2):
                 result = subprocess.run(
-                    ["apt-get", "download", "-q", package], cwd=cache_dir, capture_output=True, text=True
-                )
+                    ["apt-get", "download", "-q", package], cwd=cache_dir, capture_output=True, text=True,
+                    timeout=APT_TIMEOUT_S,
+                )  # fmt: skip
                 if result.returncode == 0 or updated:
                     break
-                subprocess.run(["apt-get", "update", "-qq"], check=False, capture_output=True)
+                subprocess.run(
+                    ["apt-get", "update", "-qq"], check=False, capture_output=True, timeout=APT_TIMEOUT_S
+                )
                 updated = True
             if result.returncode != 0:
                 print(f"  skipped {package}: {result.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
@@ -42,7 +49,7 @@ def download_packages(packages: list[str], cache_dir: Path) -> dict[str, Path]:
 
 def deb_version(deb: Path) -> str:
     return subprocess.run(
-        ["dpkg-deb", "-f", str(deb), "Version"], capture_output=True, text=True, check=True
+        ["dpkg-deb", "-f", str(deb), "Version"], capture_output=True, text=True, check=True, timeout=60
     ).stdout.strip()
 
 
@@ -59,4 +66,8 @@ def iter_deb_members(deb: Path, wanted: re.Pattern[str]) -> Iterator[tuple[str, 
                         yield member.name, handle.read()
     finally:
         proc.stdout.close()
-        proc.wait()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # a dpkg-deb that no longer exits once its pipe is closed
+            proc.kill()
+            proc.wait()
