@@ -367,18 +367,22 @@ class Pair:
     novel: bool | None = None
 
 
-def read_catalog_package(package: str, deb: Path, lang: Language) -> tuple[list[Pair], Counter, Counter]:
-    """The package's cleaned pairs, drop reasons, and its catalogs' votes for Plural-Forms and Language."""
+def read_catalog_package(
+    package: str, deb: Path, lang: Language, pattern: re.Pattern[str] | None = None, origin_prefix: str = ""
+) -> tuple[list[Pair], Counter, Counter]:
+    """The package's cleaned pairs, drop reasons, and its catalogs' votes for Plural-Forms and Language.
+    `pattern`: which catalogs to read (default: the language's, anywhere); `origin_prefix` goes before
+    each pair's catalog name (model/extra_catalogs.py marks its source that way)."""
     version = deb_version(deb)
     pairs, dropped, votes = [], Counter(), Counter()
-    for path, data in iter_deb_members(deb, lang.mo_pattern()):
+    for path, data in iter_deb_members(deb, pattern or lang.mo_pattern()):
         try:
             header, entries = read_mo(data)
         except (ValueError, struct.error):
             dropped["unreadable catalog"] += 1
             continue
         votes.update(header_votes(header))
-        origin = Path(path).name
+        origin = origin_prefix + Path(path).name
         for source, target in catalog_pairs(entries):
             cleaned = clean_pair(source, target)
             if isinstance(cleaned, str):

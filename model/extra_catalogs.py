@@ -36,8 +36,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from model.corpus import Pair, catalog_pairs, clean_pair, dedupe, normalised_source, package_family, read_mo
-from model.debs import cached_deb, deb_version, iter_deb_members
+from model.corpus import Pair, dedupe, normalised_source, package_family, read_catalog_package
+from model.debs import cached_deb
 from model.languages import Language, language, read_package_list
 
 SOURCE_NAME = "extra-catalogs"
@@ -272,21 +272,9 @@ def read_extra_package(job: tuple[str, str, str]) -> tuple[list[Pair], Counter]:
     """(language code, package, deb) -> the package's cleaned pairs and drop reasons; a worker's job."""
     code, package, deb = job
     lang = language(code)
-    version = deb_version(Path(deb))
-    pairs, dropped = [], Counter()
-    for path, data in iter_deb_members(Path(deb), locale_pattern(lang)):
-        try:
-            _header, entries = read_mo(data)
-        except ValueError:
-            dropped["unreadable catalog"] += 1
-            continue
-        origin = f"{SOURCE_NAME}:{Path(path).name}"
-        for source, target in catalog_pairs(entries):
-            cleaned = clean_pair(source, target)
-            if isinstance(cleaned, str):
-                dropped[cleaned] += 1
-            else:
-                pairs.append(Pair(cleaned[0], cleaned[1], package, version, origin))
+    pairs, dropped, _votes = read_catalog_package(
+        package, Path(deb), lang, locale_pattern(lang), origin_prefix=f"{SOURCE_NAME}:"
+    )
     return pairs, dropped
 
 
