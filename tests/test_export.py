@@ -376,21 +376,26 @@ def test_a_pre_norm_model_exports_with_its_final_layer_norms_and_parity(pre_norm
     assert p["top1_agreement"] == 1.0 and p["steps"] > 5
 
 
-def test_a_pre_norm_bundle_decodes_through_the_engine_as_the_reference_decoders(pre_norm: TinyBundle):
-    """The engine reads graphs only: greedy and beam outputs equal model/decode.py's, on the plain path and
-    with the K/V kept on the device by the cache / kv_rows / kv_step graphs."""
+def assert_engine_decodes_as_the_reference(model: Transformer, tokenizer: Tokenizer, bundle: Path) -> None:
+    """Greedy and beam outputs of the engine on `bundle` equal model/decode.py's with `model`, on the plain
+    path and with the K/V kept on the device by the cache / kv_rows / kv_step graphs."""
     from model.decode import beam_search, max_output_length
     from server.engine import DecodingOptions, Engine
 
-    ids = pre_norm.tokenizer.encode_batch(TEXTS)
+    ids = tokenizer.encode_batch(TEXTS)
     limits = torch.tensor([max_output_length(len(s), cap=MAX_LENGTH_CAP) for s in ids])
-    greedy_ref = greedy_decode(pre_norm.model, batch(ids), limits)
+    greedy_ref = greedy_decode(model, batch(ids), limits)
     assert len({len(h) for h in greedy_ref}) >= 3  # not degenerate: varied lengths
-    beam_ref = beam_search(pre_norm.model, batch(ids), 3, limits, 0.6, n_best=2)
+    beam_ref = beam_search(model, batch(ids), 3, limits, 0.6, n_best=2)
     for io_binding in (False, True):
-        engine = Engine(pre_norm.bundle, intra_op_threads=1, io_binding=io_binding)
+        engine = Engine(bundle, intra_op_threads=1, io_binding=io_binding)
         assert [r[0].tokens for r in engine.translate(TEXTS, DecodingOptions(beam_size=1))] == greedy_ref
         beams = engine.translate(TEXTS, DecodingOptions(beam_size=3, num_hypotheses=2))
         for got, want in zip(beams, beam_ref, strict=True):
             assert [h.tokens for h in got] == [t for t, _ in want]
             np.testing.assert_allclose([h.score for h in got], [s for _, s in want], atol=1e-4)
+
+
+def test_a_pre_norm_bundle_decodes_through_the_engine_as_the_reference_decoders(pre_norm: TinyBundle):
+    """The engine reads graphs only, whatever the layer-norm placement."""
+    assert_engine_decodes_as_the_reference(pre_norm.model, pre_norm.tokenizer, pre_norm.bundle)

@@ -5,7 +5,6 @@ list, and tiny .deb files built with dpkg-deb."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import polib
@@ -13,7 +12,7 @@ import pytest
 
 from model import corpus
 from model import extra_catalogs as extra
-from model.corpus import Pair, split_of
+from model.corpus import Pair
 from model.extra_catalogs import (
     IndexEntry,
     bounded,
@@ -25,17 +24,10 @@ from model.extra_catalogs import (
     select_candidates,
 )
 from model.languages import language
+from tests.test_corpus import _family_in
+from tests.test_languages import make_deb
 
 ES = language("es")
-
-
-def _family_in(split: str) -> str:
-    """A made-up family name (letters only, so package_family keeps it whole) that hashes to `split`."""
-    for i in range(10_000):
-        name = "fam" + "".join(chr(ord("a") + int(d)) for d in str(i))
-        if split_of(name) == split:
-            return name
-    raise AssertionError(f"no family hashes to {split}")
 
 
 TRAIN_FAM, VALID_FAM = _family_in("train"), _family_in("valid")
@@ -58,22 +50,11 @@ def build_mo(path: Path, pairs: list[tuple[str, str]]) -> None:
 
 def build_deb(out: Path, package: str, files: dict[str, list[tuple[str, str]]]) -> Path:
     """A real binary package `package_1.0_all.deb` holding one .mo per path of `files`."""
-    root = out / f"{package}-root"
-    (root / "DEBIAN").mkdir(parents=True)
-    (root / "DEBIAN" / "control").write_text(
-        f"Package: {package}\nVersion: 1.0\nArchitecture: all\nMaintainer: t <t@example.org>\n"
-        "Description: test\n"
-    )
+    catalogs = {}
     for path, pairs in files.items():
-        build_mo(root / path, pairs)
-    deb = out / f"{package}_1.0_all.deb"
-    subprocess.run(
-        ["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(deb)],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-    return deb
+        build_mo(out / f"{package}-mo" / path, pairs)
+        catalogs[path] = (out / f"{package}-mo" / path).read_bytes()
+    return make_deb(out, package, catalogs, version="1.0")
 
 
 CONTENTS = """\

@@ -14,12 +14,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-import torch
 
 from export import fused_step, int8, verify
 from export import onnx_export as ox
 from export.__main__ import main as export_main
-from model.decode import beam_search, greedy_decode, max_output_length
 from model.model import Transformer
 from model.tokenizer import Tokenizer
 from model.train import load_release, save_release
@@ -30,7 +28,7 @@ from tests.test_export import (
     TEXTS,
     TOKENIZER,
     _varied,
-    batch,
+    assert_engine_decodes_as_the_reference,
     tiny_model,
 )
 
@@ -143,18 +141,7 @@ def test_parity_with_pytorch_and_the_traced_step(tmp_path: Path, norm_first: boo
 
 
 def test_the_engine_decodes_a_fused_bundle_as_the_reference_decoders(fused: Fused):
-    ids = fused.tokenizer.encode_batch(TEXTS)
-    limits = torch.tensor([max_output_length(len(s), cap=MAX_LENGTH_CAP) for s in ids])
-    greedy_ref = greedy_decode(fused.model, batch(ids), limits)
-    assert len({len(h) for h in greedy_ref}) >= 3  # not degenerate: varied lengths
-    beam_ref = beam_search(fused.model, batch(ids), 3, limits, 0.6, n_best=2)
-    for io_binding in (False, True):
-        engine = Engine(fused.bundle, intra_op_threads=1, io_binding=io_binding)
-        assert [r[0].tokens for r in engine.translate(TEXTS, DecodingOptions(beam_size=1))] == greedy_ref
-        beams = engine.translate(TEXTS, DecodingOptions(beam_size=3, num_hypotheses=2))
-        for got, want in zip(beams, beam_ref, strict=True):
-            assert [h.tokens for h in got] == [t for t, _ in want]
-            np.testing.assert_allclose([h.score for h in got], [s for _, s in want], atol=1e-4)
+    assert_engine_decodes_as_the_reference(fused.model, fused.tokenizer, fused.bundle)
 
 
 @pytest.mark.parametrize("variant", ["fp32", "int8"])
