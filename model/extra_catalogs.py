@@ -39,6 +39,7 @@ from tqdm import tqdm
 from model.corpus import Pair, dedupe, normalised_source, package_family, read_catalog_package
 from model.debs import cached_deb
 from model.languages import Language, language, read_package_list
+from runtime.bundle import sha256_file
 
 SOURCE_NAME = "extra-catalogs"
 MIRROR = "http://deb.debian.org/debian"
@@ -145,7 +146,7 @@ def fetch_contents(cache: Path, mirror: str = MIRROR) -> dict[str, str]:
             with urllib.request.urlopen(f"{mirror}/dists/{SUITE}/{name}", timeout=120) as response:
                 partial.write_bytes(response.read())
             partial.rename(path)
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        digest = sha256_file(path)
         expected = _release_sha256(name)
         if expected is not None and expected != digest:
             path.unlink()  # stale or damaged: the next run downloads it again
