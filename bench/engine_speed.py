@@ -524,19 +524,17 @@ def main(argv: list[str] | None = None) -> None:
                         systems[name] = CT2System(name, ct2_dir, ctype, tok, args.threads)
             except ImportError as e:
                 notes.append(f"CTranslate2 skipped: {e}")
-        for name, variant in (("engine-fp32", "fp32"), ("engine-fp32-text", "fp32"), ("engine-int8", "int8")):
+        engines = [("engine-fp32", args.bundle, "fp32"), ("engine-fp32-text", args.bundle, "fp32")]
+        engines += [("engine-int8", args.bundle, "int8")]
+        if args.peer_bundle is not None:
+            engines += [("peer-fp32", args.peer_bundle, "fp32"), ("peer-int8", args.peer_bundle, "int8")]
+        for name, bundle, variant in engines:
             if name not in wanted:
                 continue
             try:
-                systems[name] = EngineSystem(name, args.bundle, variant, args.threads, name.endswith("-text"))
+                systems[name] = EngineSystem(name, bundle, variant, args.threads, name.endswith("-text"))
             except Exception as e:  # noqa: BLE001 - engine or bundle not there (yet), or no such variant
                 notes.append(f"{name} skipped: {type(e).__name__}: {e}")
-        for name, variant in (("peer-fp32", "fp32"), ("peer-int8", "int8")):
-            if name in wanted and args.peer_bundle is not None:
-                try:
-                    systems[name] = EngineSystem(name, args.peer_bundle, variant, args.threads)
-                except Exception as e:  # noqa: BLE001 - no such variant in the peer bundle
-                    notes.append(f"{name} skipped: {type(e).__name__}: {e}")
         if any(n.startswith("engine") for n in systems):
             manifest = args.bundle / "manifest.json"
             if manifest.exists() and model_sha not in manifest.read_text():
