@@ -114,8 +114,8 @@ def test_cuda_tf32_reaches_the_cuda_provider_s_options():
     assert load_config([], {}).cuda_tf32 is True
     assert load_config([], {"TRANSLATOR_CUDA_TF32": "false"}).cuda_tf32 is False
     assert load_config(["--no-cuda-tf32"], {}).cuda_tf32 is False
-    assert cuda_provider(1) == ("CUDAExecutionProvider", {"device_id": "1"})
-    assert cuda_provider(0, tf32=False) == ("CUDAExecutionProvider", {"device_id": "0", "use_tf32": "0"})
+    assert cuda_provider(1) == ("CUDAExecutionProvider", {"device_id": 1})
+    assert cuda_provider(0, tf32=False) == ("CUDAExecutionProvider", {"device_id": 0, "use_tf32": "0"})
 
 
 def test_help_says_what_the_code_does():

@@ -81,11 +81,11 @@ def load_sessions(
     return sessions
 
 
-def cuda_provider(device_id: int, tf32: bool = True) -> tuple[str, dict[str, str]]:
+def cuda_provider(device_id: int, tf32: bool = True) -> tuple[str, dict[str, int | str]]:
     """The CUDA execution provider with its options. ONNX Runtime allows TF32 in fp32 MatMuls by default
     (on an H100: 1.75e-2 max |d log-prob| against the CPU, docs/gpu.md); use_tf32=0 asks for full fp32.
     The option is only passed to turn TF32 off, so builds that predate it keep their default."""
-    options = {"device_id": str(device_id)}
+    options: dict[str, int | str] = {"device_id": device_id}  # as the H100 check ran it
     if not tf32:
         options["use_tf32"] = "0"
     return "CUDAExecutionProvider", options
