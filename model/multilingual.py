@@ -12,6 +12,8 @@ the experiment from the per-language corpora and scores it the way training scor
         --max-tokens 3000 --lr 1.5e-3 --warmup 1000 --max-steps 22200      # 3 x 7,400: equal compute
     python -m model.multilingual score --data runs/data-mul --model runs/en-mul-small/release \\
         --per-pair fr=runs/en-fr-small/release de=runs/en-de-small/release it=runs/en-it-small/release
+    python -m model.multilingual compare --data runs/data-mul --model runs/en-mul-small/release \\
+        --models fr=runs/en-fr-small/release de=runs/en-de-small/release --split test
 
 `corpus` concatenates the splits of every language with its tag on the source (``{split}.en``,
 ``{split}.mul``, ``{split}.jsonl`` with each record's ``language``); the manifest names the tags (the
@@ -19,7 +21,8 @@ tokenizer makes each one piece) and every source corpus with its own manifest's 
 measures the model on each language's own validation set, the same pairs its per-pair run was
 measured on (loss on 4,000 valid pairs, greedy BLEU/chrF on 400 novel valid pairs, the 200 common UI
 strings), and puts beside it that run's record at the step with equal compute: the multilingual step
-divided by the number of languages (each step of either run is one batch of --max-tokens).
+divided by the number of languages (each step of either run is one batch of --max-tokens). `compare`
+measures both final models the same way on each language's test split (its held-out packages).
 """
 
 from __future__ import annotations
@@ -139,12 +142,65 @@ def score(data: Path, model_dir: Path, per_pair: dict[str, Path], threads: int) 
     return rows
 
 
+def compare(
+    data: Path,
+    model_dir: Path,
+    per_pair_models: dict[str, Path],
+    split: str,
+    bleu_sentences: int,
+    threads: int,
+) -> list[dict]:
+    """The multilingual model and each language's own model, measured the same way on that language's
+    `split` (``test``: its held-out packages): the final comparison, once both runs have ended."""
+    import torch
+
+    from model.common_strings import load_common_strings
+    from model.corpus import read_novel
+    from model.train import Validation, load_release
+    from runtime.tokenizer import Tokenizer
+
+    torch.set_num_threads(threads)
+    manifest = json.loads((data / "manifest.json").read_text(encoding="utf-8"))
+
+    def measure(directory: Path, pairs: list, novel: list[bool], common: list) -> dict:
+        tokenizer = Tokenizer(directory / "tokenizer.model")
+        validation = Validation.from_pairs(pairs, novel, common, tokenizer, 128, 3000, bleu_sentences)
+        training = json.loads((directory / "training.json").read_text(encoding="utf-8"))
+        measured = validation.measure(load_release(directory), tokenizer, torch.device("cpu"))
+        return measured | {"step": int(training.get("best", training).get("step", 0))}
+
+    rows = []
+    for language in manifest["languages"]:
+        source = Path(manifest["sources"][language]["data"])
+        pairs, novel = read_split(source, split), read_novel(source, split)
+        common = load_common_strings(source)
+        started = time.perf_counter()
+        row = {
+            "language": language,
+            "split": split,
+            "multilingual": measure(
+                model_dir,
+                [(tagged(language, s), t) for s, t in pairs],
+                novel,
+                [replace(c, source=tagged(language, c.source)) for c in common],
+            ),
+        }
+        if language in per_pair_models:
+            row["per_pair"] = measure(per_pair_models[language], pairs, novel, common)
+        rows.append(row)
+        print(f"  {language}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+    return rows
+
+
 def print_table(rows: list[dict]) -> None:
     print("| language | run | step | valid loss | novel BLEU | novel chrF | common UI strings |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
         for run, r in (
-            ("multilingual", row["multilingual"] | {"step": row["step"]}),
+            (
+                "multilingual",
+                row["multilingual"] | {"step": row.get("step", row["multilingual"].get("step"))},
+            ),
             ("one pair", row.get("per_pair")),
         ):
             if r:
@@ -169,6 +225,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     scoring.add_argument("--threads", type=int, default=2)
     scoring.add_argument("--json", type=Path, help="also write the rows here")
+    final = commands.add_parser("compare", help="both runs' final models on each language's test split")
+    final.add_argument("--data", type=Path, required=True, help="the tagged corpus (its manifest)")
+    final.add_argument("--model", type=Path, required=True, help="the multilingual release")
+    final.add_argument("--models", nargs="*", default=[], metavar="LANG=DIR", help="per-pair releases")
+    final.add_argument("--split", default="test", choices=SPLITS[1:])
+    final.add_argument("--bleu-sentences", type=int, default=1000, help="greedy BLEU on up to N pairs")
+    final.add_argument("--threads", type=int, default=2)
+    final.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     if args.command == "corpus":
@@ -176,6 +240,14 @@ def main(argv: list[str] | None = None) -> None:
         total = {split: sum(c.values()) for split, c in manifest["counts"].items()}
         print(f"wrote {args.out}: {total} pairs of {', '.join(manifest['languages'])} "
               f"in {time.perf_counter() - started:.0f} s")  # fmt: skip
+        return
+    if args.command == "compare":
+        models = {k: Path(v) for k, v in (item.split("=", 1) for item in args.models)}
+        rows = compare(args.data, args.model, models, args.split, args.bleu_sentences, args.threads)
+        print_table(rows)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+        print(f"compared {len(rows)} languages on {args.split} in {time.perf_counter() - started:.0f} s")
         return
     per_pair = dict(item.split("=", 1) for item in args.per_pair)
     rows = score(args.data, args.model, {k: Path(v) for k, v in per_pair.items()}, args.threads)

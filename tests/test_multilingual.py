@@ -98,3 +98,34 @@ def test_a_multilingual_run_is_scored_per_language_beside_its_per_pair_runs(corp
     for row in rows:
         measured = row["multilingual"]
         assert measured["valid_loss"] > 0 and 0 <= measured["valid_bleu"] <= 100
+
+
+def test_compare_measures_both_final_models_on_each_language_s_test_split(corpora, tmp_path, monkeypatch):
+    import model.train as train_module
+
+    fr, de, mul = corpora
+    if not (mul / "manifest.json").exists():
+        multilingual.build_corpus([fr, de], mul)
+    tokenizer_main(["--data", str(mul), "--out", str(tmp_path / "tok"), "--vocab-size", "400"])
+    monkeypatch.setattr(
+        train_module.TransformerConfig, "small", classmethod(
+            lambda cls, v: cls(vocab_size=v, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
+                               n_decoder_layers=1, max_positions=64)
+        ),
+    )  # fmt: skip
+    tok = str(tmp_path / "tok" / "tokenizer.model")
+    for data, run in ((mul, tmp_path / "mul"), (fr, tmp_path / "fr")):
+        train_main(
+            ["--data", str(data), "--tokenizer", tok, "--run-dir", str(run),
+             "--release-dir", str(run / "rel"), "--config", "small", "--max-tokens", "60",
+             "--max-sentences", "4", "--valid-every", "2", "--valid-bleu-sentences", "4", "--warmup", "2",
+             "--threads", "1", "--max-steps", "2"]
+        )  # fmt: skip
+    rows = multilingual.compare(mul, tmp_path / "mul" / "rel", {"fr": tmp_path / "fr" / "rel"}, "test", 10, 1)
+    assert [(r["language"], r["split"]) for r in rows] == [("fr", "test"), ("de", "test")]
+    assert "per_pair" in rows[0] and "per_pair" not in rows[1]
+    for measured in (rows[0]["multilingual"], rows[0]["per_pair"], rows[1]["multilingual"]):
+        assert measured["step"] == 2 and measured["valid_loss"] > 0
+        assert 0 <= measured["valid_bleu"] <= 100 and 0 <= measured["common_accepted_percent"] <= 100
+    # the two models saw different inputs: the multilingual one its tag, the per-pair one none
+    assert rows[0]["multilingual"]["valid_loss"] != rows[0]["per_pair"]["valid_loss"]
