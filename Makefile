@@ -35,7 +35,7 @@ help:
 	@echo "  make proto           regenerate proto/gen/ from proto/translator/v1/translator.proto"
 	@echo "  make clean           DELETE .venv/ and bundles/ (the next make run reinstalls and re-exports) and caches"
 	@echo "Model pipeline (all but corpus need $(DATA)/ from make corpus; data-check says so):"
-	@echo "  make corpus          build the EN-ES corpus from Debian packages into $(DATA)/ (~1.5 min cached, ~4 cold)"
+	@echo "  make corpus          build the EN-ES corpus from Debian packages into $(DATA)/ (~1.5 min cached, ~2 cold)"
 	@echo "                       (CORPUS_LANG=fr|de|it|pt_BR DATA=runs/data-fr: English to another language)"
 	@echo "                       (EXTRA_CATALOGS=1 DATA=runs/data-es-extra: + catalogs of unranked packages, train only)"
 	@echo "  make data-check      exit 2, naming the command to run, when $(DATA)/ has no corpus"

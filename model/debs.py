@@ -23,27 +23,51 @@ def cached_deb(cache_dir: Path, package: str) -> Path | None:
 APT_TIMEOUT_S = 600
 
 
-def download_packages(packages: list[str], cache_dir: Path) -> dict[str, Path]:
-    """apt-get download what is not cached yet; runs `apt-get update` once if lists are missing."""
+DOWNLOAD_BATCH = 40  # packages per `apt-get download` call: one call per package costs a second each
+
+
+def _apt_download(packages: list[str], cache_dir: Path) -> bool:
+    try:
+        result = subprocess.run(
+            ["apt-get", "download", "-q", *packages], cwd=cache_dir, capture_output=True, text=True,
+            timeout=APT_TIMEOUT_S,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return False
+    return result.returncode == 0
+
+
+def download_packages(
+    packages: list[str], cache_dir: Path, desc: str = "apt-get download"
+) -> dict[str, Path]:
+    """apt-get download what is not cached yet, DOWNLOAD_BATCH packages a call. A batch that fails (one
+    unknown package fails the whole call) is retried one package at a time, once after `apt-get update`
+    when the lists are stale; what still fails is reported and left out of the result."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     missing = [p for p in packages if cached_deb(cache_dir, p) is None]
+    failed: list[str] = []
+    updated = False
     if missing:
         print(f"downloading {len(missing)} packages into {cache_dir}", file=sys.stderr)
-        updated = False
-        for package in tqdm(missing, desc="apt-get download", unit="pkg"):
-            for _attempt in range(2):
-                result = subprocess.run(
-                    ["apt-get", "download", "-q", package], cwd=cache_dir, capture_output=True, text=True,
-                    timeout=APT_TIMEOUT_S,
-                )  # fmt: skip
-                if result.returncode == 0 or updated:
-                    break
-                subprocess.run(
-                    ["apt-get", "update", "-qq"], check=False, capture_output=True, timeout=APT_TIMEOUT_S
-                )
-                updated = True
-            if result.returncode != 0:
-                print(f"  skipped {package}: {result.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+    progress = tqdm(total=len(missing), desc=desc, unit="pkg", disable=not missing)
+    for start in range(0, len(missing), DOWNLOAD_BATCH):
+        batch = missing[start : start + DOWNLOAD_BATCH]
+        if len(batch) == 1 or not _apt_download(batch, cache_dir):
+            for package in batch:
+                if cached_deb(cache_dir, package) is not None:
+                    continue
+                if not _apt_download([package], cache_dir) and not updated:
+                    updated = True
+                    subprocess.run(
+                        ["apt-get", "update", "-qq"], check=False, capture_output=True, timeout=APT_TIMEOUT_S
+                    )
+                    _apt_download([package], cache_dir)
+                if cached_deb(cache_dir, package) is None:
+                    failed.append(package)
+        progress.update(len(batch))
+    progress.close()
+    if failed:
+        print(f"  skipped {len(failed)}: {', '.join(failed[:10])}", file=sys.stderr)
     return {p: deb for p in packages if (deb := cached_deb(cache_dir, p)) is not None}
 
 

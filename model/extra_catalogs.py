@@ -37,7 +37,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from model.corpus import Pair, dedupe, normalised_source, package_family, read_catalog_package
-from model.debs import cached_deb
+from model.debs import download_packages
 from model.languages import Language, language, read_package_list
 from runtime.bundle import sha256_file
 
@@ -49,7 +49,6 @@ APT_LISTS = Path("/var/lib/apt/lists")
 DEFAULT_MAX_PACKAGES = 400
 DEFAULT_MAX_BYTES = 2_000_000_000  # what one opt-in run may download (cached debs count too)
 SUBPROCESS_TIMEOUT_S = 600
-DOWNLOAD_BATCH = 40  # packages per `apt-get download` call: one call per package costs a second each
 # Any gettext catalog path, any language: a ranked package's domains (``gimp20.mo``) wherever they lie.
 _ANY_CATALOG = re.compile(r"/LC_MESSAGES/([^/]+)\.mo$")
 
@@ -227,39 +226,11 @@ def bounded(
 
 
 def download(packages: list[str], cache_dir: Path) -> dict[str, Path]:
-    """apt-get download the packages not cached yet, in batches (a failed batch is retried one by one)."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    missing = [p for p in packages if cached_deb(cache_dir, p) is None]
-    failed: list[str] = []
-    progress = tqdm(total=len(missing), desc="apt-get download (extra)", unit="pkg")
-    for start in range(0, len(missing), DOWNLOAD_BATCH):
-        batch = missing[start : start + DOWNLOAD_BATCH]
-        for group in ([batch] if len(batch) > 1 else []) + [[p] for p in batch]:
-            if all(cached_deb(cache_dir, p) is not None for p in group):
-                continue
-            try:
-                result = subprocess.run(
-                    ["apt-get", "download", "-q", *group],
-                    cwd=cache_dir,
-                    capture_output=True,
-                    text=True,
-                    timeout=SUBPROCESS_TIMEOUT_S,
-                )
-                ok = result.returncode == 0
-            except subprocess.TimeoutExpired:
-                ok = False
-            if ok:
-                if len(group) > 1:
-                    break  # the whole batch came
-            elif len(group) == 1:
-                failed.append(group[0])
-        progress.update(len(batch))
-    progress.close()
-    found = {p: deb for p in packages if (deb := cached_deb(cache_dir, p)) is not None}
+    """The candidates' packages (model.debs.download_packages), with a summary of what came."""
+    found = download_packages(packages, cache_dir, desc="apt-get download (extra)")
     size = sum(deb.stat().st_size for deb in found.values())
     print(
-        f"extra catalogs: {len(found)} of {len(packages)} packages in {cache_dir} ({size / 1e6:.0f} MB), "
-        f"{len(failed)} failed{': ' + ', '.join(failed[:10]) if failed else ''}",
+        f"extra catalogs: {len(found)} of {len(packages)} packages in {cache_dir} ({size / 1e6:.0f} MB)",
         file=sys.stderr,
     )
     return found
