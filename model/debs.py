@@ -1,5 +1,6 @@
 """Debian packages as data: fetch them with ``apt-get download`` into a cache, read their files with
-``dpkg-deb --fsys-tarfile`` without installing anything (the corpus builder's and the benchmarks' sources).
+``dpkg-deb --fsys-tarfile`` without installing anything (the corpus builder's and the benchmarks' sources);
+and fetch an index file of bookworm (Contents, Sources) checked against apt's signed ``InRelease``.
 """
 
 from __future__ import annotations
@@ -8,10 +9,17 @@ import re
 import subprocess
 import sys
 import tarfile
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 from tqdm import tqdm
+
+from runtime.bundle import sha256_file
+
+MIRROR = "http://deb.debian.org/debian"
+SUITE = "bookworm"
+APT_LISTS = Path("/var/lib/apt/lists")
 
 
 def cached_deb(cache_dir: Path, package: str) -> Path | None:
@@ -95,3 +103,39 @@ def iter_deb_members(deb: Path, wanted: re.Pattern[str]) -> Iterator[tuple[str, 
         except subprocess.TimeoutExpired:  # a dpkg-deb that no longer exits once its pipe is closed
             proc.kill()
             proc.wait()
+
+
+# --------------------------------------------------------------------------------------------
+# Debian's indexes (model/extra_catalogs.py: Contents; model/extra_docs.py: Contents and Sources)
+
+
+def release_sha256(name: str) -> str | None:
+    """The sha256 apt's signature-checked InRelease gives `name` (``main/Contents-all.gz``), if any."""
+    releases = sorted(APT_LISTS.glob(f"*_dists_{SUITE}_InRelease"))
+    for release in releases:
+        if "security" in release.name:
+            continue
+        for line in release.read_text(errors="replace").splitlines():
+            parts = line.split()
+            if len(parts) == 3 and parts[2] == name and len(parts[0]) == 64:
+                return parts[0]
+    return None
+
+
+def fetch_release_file(name: str, cache: Path, mirror: str = MIRROR) -> str:
+    """Download ``dists/<suite>/<name>`` into `cache` (once, under its base name) and check it against
+    apt's InRelease, so that what is read comes from Debian's own index. Returns its sha256."""
+    cache.mkdir(parents=True, exist_ok=True)
+    path = cache / name.rsplit("/", 1)[-1]
+    if not path.exists():
+        print(f"downloading {name} of {SUITE}", file=sys.stderr)
+        partial = path.with_suffix(".part")
+        with urllib.request.urlopen(f"{mirror}/dists/{SUITE}/{name}", timeout=120) as response:
+            partial.write_bytes(response.read())
+        partial.rename(path)
+    digest = sha256_file(path)
+    expected = release_sha256(name)
+    if expected is not None and expected != digest:
+        path.unlink()  # stale or damaged: the next run downloads it again
+        raise RuntimeError(f"{name}: sha256 {digest} is not InRelease's {expected} (run apt-get update)")
+    return digest

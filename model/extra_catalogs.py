@@ -27,7 +27,6 @@ import hashlib
 import re
 import subprocess
 import sys
-import urllib.request
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -37,15 +36,11 @@ from pathlib import Path
 from tqdm import tqdm
 
 from model.corpus import Pair, dedupe, normalised_source, package_family, read_catalog_package
-from model.debs import download_packages
+from model.debs import MIRROR, download_packages, fetch_release_file
 from model.languages import Language, language, read_package_list
-from runtime.bundle import sha256_file
 
 SOURCE_NAME = "extra-catalogs"
-MIRROR = "http://deb.debian.org/debian"
-SUITE = "bookworm"
 CONTENTS_FILES = ("main/Contents-all.gz", "main/Contents-amd64.gz")
-APT_LISTS = Path("/var/lib/apt/lists")
 DEFAULT_MAX_PACKAGES = 400
 DEFAULT_MAX_BYTES = 2_000_000_000  # what one opt-in run may download (cached debs count too)
 SUBPROCESS_TIMEOUT_S = 600
@@ -119,39 +114,10 @@ def read_package_index() -> dict[str, IndexEntry]:
     return parse_package_index(result.stdout)
 
 
-def _release_sha256(name: str) -> str | None:
-    """The sha256 apt's signature-checked InRelease gives `name` (``main/Contents-all.gz``), if any."""
-    releases = sorted(APT_LISTS.glob(f"*_dists_{SUITE}_InRelease"))
-    for release in releases:
-        if "security" in release.name:
-            continue
-        for line in release.read_text(errors="replace").splitlines():
-            parts = line.split()
-            if len(parts) == 3 and parts[2] == name and len(parts[0]) == 64:
-                return parts[0]
-    return None
-
-
 def fetch_contents(cache: Path, mirror: str = MIRROR) -> dict[str, str]:
     """Download Contents-all/amd64 of bookworm main into `cache` (once) and check them against apt's
     InRelease, so that the candidates come from Debian's own index. Returns name -> sha256."""
-    cache.mkdir(parents=True, exist_ok=True)
-    checksums = {}
-    for name in CONTENTS_FILES:
-        path = cache / name.rsplit("/", 1)[1]
-        if not path.exists():
-            print(f"downloading {name} of {SUITE}", file=sys.stderr)
-            partial = path.with_suffix(".part")
-            with urllib.request.urlopen(f"{mirror}/dists/{SUITE}/{name}", timeout=120) as response:
-                partial.write_bytes(response.read())
-            partial.rename(path)
-        digest = sha256_file(path)
-        expected = _release_sha256(name)
-        if expected is not None and expected != digest:
-            path.unlink()  # stale or damaged: the next run downloads it again
-            raise RuntimeError(f"{name}: sha256 {digest} is not InRelease's {expected} (run apt-get update)")
-        checksums[name] = digest
-    return checksums
+    return {name: fetch_release_file(name, cache, mirror) for name in CONTENTS_FILES}
 
 
 def contents_lines(cache: Path) -> Iterable[str]:
