@@ -167,7 +167,11 @@ def compare(
         validation = Validation.from_pairs(pairs, novel, common, tokenizer, 128, 3000, bleu_sentences)
         training = json.loads((directory / "training.json").read_text(encoding="utf-8"))
         measured = validation.measure(load_release(directory), tokenizer, torch.device("cpu"))
-        return measured | {"step": int(training.get("best", training).get("step", 0))}
+        # Serving cost: a decoder step per target piece, so a vocabulary shared between languages that
+        # cuts their words finer makes every translation longer to generate.
+        pieces = sum(len(ids) for ids in tokenizer.encode_batch([t for _, t in pairs])) / max(len(pairs), 1)
+        step = int(training.get("best", training).get("step", 0))
+        return measured | {"step": step, "target_pieces_per_sentence": round(pieces, 3)}
 
     rows = []
     for language in manifest["languages"]:

@@ -126,6 +126,7 @@ def test_compare_measures_both_final_models_on_each_language_s_test_split(corpor
     assert "per_pair" in rows[0] and "per_pair" not in rows[1]
     for measured in (rows[0]["multilingual"], rows[0]["per_pair"], rows[1]["multilingual"]):
         assert measured["step"] == 2 and measured["valid_loss"] > 0
+        assert measured["target_pieces_per_sentence"] > 1
         assert 0 <= measured["valid_bleu"] <= 100 and 0 <= measured["common_accepted_percent"] <= 100
     # the two models saw different inputs: the multilingual one its tag, the per-pair one none
     assert rows[0]["multilingual"]["valid_loss"] != rows[0]["per_pair"]["valid_loss"]
