@@ -38,6 +38,7 @@ help:
 	@echo "  make corpus          build the EN-ES corpus from Debian packages into $(DATA)/ (~1.5 min cached, ~2 cold)"
 	@echo "                       (CORPUS_LANG=fr|de|it|pt_BR DATA=runs/data-fr: English to another language)"
 	@echo "                       (EXTRA_CATALOGS=1 DATA=runs/data-es-extra: + catalogs of unranked packages, train only)"
+	@echo "                       (EXTRA_DOCS=1 DATA=runs/data-es-docs: + Debian's translated documentation, train only)"
 	@echo "  make data-check      exit 2, naming the command to run, when $(DATA)/ has no corpus"
 	@echo "  make tokenizer       train a SentencePiece model into runs/tokenizer/ (the shipped one stays)"
 	@echo "  make train           train the small model into $(RUN)/ (TRAIN_ARGS=--resume continues)"
@@ -132,10 +133,11 @@ run serve: install
 # lt-print (Debian's lttoolbox-dev) reads Apertium's compiled bilingual dictionary, one of the sources.
 # EXTRA_CATALOGS=1 (opt-in, off by default: the shipped cards were computed without it) adds the catalogs
 # of Debian packages outside the ranked list to train only (model/extra_catalogs.py); give it its own DATA.
+# EXTRA_DOCS=1 (opt-in too) adds Debian's translated documentation, train only (model/extra_docs.py).
 corpus: install
 	@command -v lt-print >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	  apt-get install -y -qq --no-install-recommends lttoolbox-dev >/dev/null; }
-	$(PY) -m model.corpus --lang $(CORPUS_LANG) --out $(DATA)$(if $(EXTRA_CATALOGS), --extra-catalogs)
+	$(PY) -m model.corpus --lang $(CORPUS_LANG) --out $(DATA)$(if $(EXTRA_CATALOGS), --extra-catalogs)$(if $(EXTRA_DOCS), --extra-docs)
 
 # A new tokenizer goes to runs/tokenizer/, never over $(MODEL)/tokenizer.model: the shipped weights only
 # work with the tokenizer they were trained with. To adopt a new one, train on it and release both:

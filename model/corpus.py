@@ -571,10 +571,13 @@ def build(
     extra_catalogs: bool = False,
     max_extra_packages: int | None = None,
     max_extra_bytes: int | None = None,
+    extra_docs: bool = False,
+    max_docs_bytes: int | None = None,
 ) -> dict:
     """Build the corpus into `out` and return its manifest. `extra_catalogs` (opt-in) adds the catalogs of
     Debian packages outside the ranked list to train only (model/extra_catalogs.py); without it the
-    corpus is byte for byte the one the shipped models' cards were computed on."""
+    corpus is byte for byte the one the shipped models' cards were computed on. `extra_docs` (opt-in) adds
+    Debian's translated documentation, train only (model/extra_docs.py)."""
     started = time.time()
     target = language(lang)
     packages = read_package_list(package_list, top, target.code)
@@ -619,6 +622,13 @@ def build(
             max_bytes=max_extra_bytes or extra.DEFAULT_MAX_BYTES,
             workers=workers,
         )
+    docs_record = None
+    if extra_docs:
+        from model import extra_docs as docs
+
+        splits, docs_record = docs.add_extra_docs(
+            splits, target, package_list, top, cache_dir, max_bytes=max_docs_bytes or docs.DEFAULT_MAX_BYTES
+        )
     novel = {name: sum(bool(p.novel) for p in splits[name]) for name in ("valid", "test")}
     checksums = write_splits(out, splits, target.code)
     per_package: dict[str, Counter] = defaultdict(Counter)
@@ -653,6 +663,9 @@ def build(
         # Only with the flag: the default manifest keeps its keys and bytes.
         manifest["sources"] += f"; {extra_record['source']}"
         manifest["extra_catalogs"] = extra_record
+    if docs_record is not None:
+        manifest["sources"] += f"; {docs_record['source']}"
+        manifest["extra_docs"] = docs_record
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
     return manifest
 
@@ -697,6 +710,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--max-extra-bytes", type=int, default=None, help="--extra-catalogs: at most N .deb bytes"
     )
+    parser.add_argument(
+        "--extra-docs",
+        action="store_true",
+        help="also train on Debian's translated documentation, PO files of source packages (train only; "
+        "model/extra_docs.py)",
+    )
+    parser.add_argument(
+        "--max-docs-bytes", type=int, default=None, help="--extra-docs: at most N bytes of source packages"
+    )
     args = parser.parse_args(argv)
     cache = args.cache or args.out / "cache" / "debs"
     manifest = build(
@@ -710,6 +732,8 @@ def main(argv: list[str] | None = None) -> None:
         extra_catalogs=args.extra_catalogs,
         max_extra_packages=args.max_extra_packages,
         max_extra_bytes=args.max_extra_bytes,
+        extra_docs=args.extra_docs,
+        max_docs_bytes=args.max_docs_bytes,
     )
     counts, record = manifest["counts"], manifest["language"]
     print(
