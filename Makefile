@@ -13,7 +13,7 @@ RUN ?= runs/$(notdir $(MODEL))
 # The tokenizer `make train` trains with: the shipped one unless told (see `make tokenizer`).
 TOKENIZER ?= $(MODEL)/tokenizer.model
 
-.PHONY: help install system-deps run serve bundle bundles corpus data-check tokenizer train release average keep-terms memory lexicon tune-decoding evaluate model-card model bench bench-batching gpu-check gpu-pack proto lint test weblate stack-test fuzz soak mutation clean
+.PHONY: help install system-deps run serve bundle bundles corpus data-check tokenizer train release average keep-terms memory lexicon tune-decoding evaluate model-card model model-from-gpu finish-model bench bench-batching gpu-check gpu-pack proto lint test weblate stack-test fuzz soak mutation clean
 
 # Every target, one line each (tests/test_cli.py checks that none is missing).
 help:
@@ -51,6 +51,7 @@ help:
 	@echo "  make evaluate        score $(MODEL) on the test split against Apertium into runs/eval.json"
 	@echo "  make model-card      evaluate $(MODEL) (test, UI strings, fp32/int8) and write its MODEL_CARD.md"
 	@echo "  make model           the whole recipe, corpus to carded model in $(MODEL)/ (CORPUS_LANG=fr; ~8 h on 2 cores)"
+	@echo "  make model-from-gpu  GPU_OUT=<device run folder>: restore, and ship it as make model does if it beats $(MODEL)"
 	@echo "Benchmarks:"
 	@echo "  make bench           engine vs PyTorch vs CTranslate2 speed into bench.json"
 	@echo "  make bench-batching  batching modes (off / request / in-flight) through gRPC, with a plot (~45 min)"
@@ -209,12 +210,28 @@ model: install
 	  --release-dir $(RUN)/release $(TRAIN_SETTINGS) --valid-every $(MODEL_VALID_EVERY) \
 	  --resume --cooldown $(MODEL_COOLDOWN) --max-steps $(MODEL_STEPS)
 	$(MAKE) --no-print-directory average TOKENIZER=$(RUN_TOKENIZER)
+	choice=$$($(PY) -m model.pick $(RUN)/release $(RUN)/averaged) && \
+	  $(MAKE) --no-print-directory finish-model RELEASE=$$choice
+
+# The same recipe's end for a model trained on a lent GPU (docs/gpu.md: make gpu-pack, then
+# bench/gpu_run.sh train on the device): GPU_OUT is the run's folder as the device gave it back. It is
+# restored into $(RUN)/gpu and ships only when it beats $(MODEL) on valid (model/pick.py), as a release must.
+model-from-gpu: data-check install
+	@test -n "$(GPU_OUT)" || { echo "GPU_OUT=<the run's folder from the device> is required"; exit 2; }
+	$(PY) -m model.gpu_train --restore $(GPU_OUT) --to $(RUN)/gpu
+	@if [ ! -f $(MODEL)/training.json ]; then $(MAKE) --no-print-directory finish-model RELEASE=$(RUN)/gpu; \
+	else choice=$$($(PY) -m model.pick $(MODEL) $(RUN)/gpu) && \
+	  if [ "$$choice" = "$(RUN)/gpu" ]; then $(MAKE) --no-print-directory finish-model RELEASE=$(RUN)/gpu; \
+	  else echo "$(RUN)/gpu does not beat $(MODEL) on valid: not released"; fi; fi
+
+# A release made a shipped model: its weights and tokenizer, lexicon (where Debian has a hunspell
+# dictionary), do-not-translate terms, translation memory, decoding defaults and model card.
+finish-model: data-check install
 	@mkdir -p $(MODEL)
 	@if $(PY) -c 'import sys; from model.languages import language; sys.exit(not language("$(CORPUS_LANG)").hunspell)'; \
 	then $(MAKE) --no-print-directory lexicon; \
 	else echo "no hunspell dictionary for $(CORPUS_LANG) in model/languages.py: the lexical guard stays off"; fi
-	choice=$$($(PY) -m model.pick $(RUN)/release $(RUN)/averaged) && \
-	  $(MAKE) --no-print-directory release keep-terms memory RELEASE=$$choice
+	$(MAKE) --no-print-directory release keep-terms memory RELEASE=$(RELEASE)
 	$(MAKE) --no-print-directory tune-decoding model-card
 
 # The report goes to runs/eval.json (the model card's own reports, in $(MODEL)/, are make model-card's).
