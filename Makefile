@@ -52,6 +52,7 @@ help:
 	@echo "  make model-card      evaluate $(MODEL) (test, UI strings, fp32/int8) and write its MODEL_CARD.md"
 	@echo "  make model           the whole recipe, corpus to carded model in $(MODEL)/ (CORPUS_LANG=fr; ~8 h on 2 cores)"
 	@echo "  make model-from-gpu  GPU_OUT=<device run folder>: restore, and ship it as make model does if it beats $(MODEL)"
+	@echo "  make finish-model    RELEASE=<dir>: release it into $(MODEL)/ with lexicon, keep-terms, memory, tuning and card"
 	@echo "Benchmarks:"
 	@echo "  make bench           engine vs PyTorch vs CTranslate2 speed into bench.json"
 	@echo "  make bench-batching  batching modes (off / request / in-flight) through gRPC, with a plot (~45 min)"
@@ -93,7 +94,8 @@ weblate: $(WEBLATE_VENV)/.installed
 # Debian tools the tests drive for real: promtool/prometheus (metrics, rules, dashboard queries),
 # apertium (baseline), nginx (gRPC load balancing), docker-compose (compose files, validated without
 # an engine).
-# The -dev packages, gcc and pkg-config build Weblate's C dependencies (make weblate). nodejs and npm
+# The -dev packages, gcc and pkg-config build Weblate's C dependencies (make weblate); Weblate's font
+# checks import PangoCairo through GObject introspection (gir1.2-pango-1.0). nodejs and npm
 # only where there is no npm yet: Debian's npm conflicts with a NodeSource nodejs (which has its own).
 system-deps:
 	@command -v promtool >/dev/null && command -v apertium >/dev/null && command -v nginx >/dev/null \
@@ -104,6 +106,7 @@ system-deps:
 	  && command -v node >/dev/null && command -v npm >/dev/null \
 	  && pkg-config --exists liblz4 libzstd libxxhash cairo gobject-introspection-1.0 tesseract lept \
 	  && [ -e /usr/include/sys/acl.h ] && command -v gcc >/dev/null \
+	  && ls /usr/lib/*/girepository-1.0/PangoCairo-1.0.typelib >/dev/null \
 	  && $(PYTHON) -c 'import os, sysconfig as s; assert os.path.exists(s.get_paths()["include"] + "/Python.h")' \
 	  2>/dev/null || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
@@ -111,7 +114,7 @@ system-deps:
 	    hunspell-fr-classical hunspell-de-de hunspell-it hunspell-pt-br \
 	    $$(command -v npm >/dev/null || echo nodejs npm) \
 	    pkg-config gcc python3-dev liblz4-dev libzstd-dev libxxhash-dev libacl1-dev libcairo2-dev \
-	    libgirepository1.0-dev libtesseract-dev libleptonica-dev >/dev/null; }
+	    libgirepository1.0-dev gir1.2-pango-1.0 libtesseract-dev libleptonica-dev >/dev/null; }
 
 $(BUNDLE)/manifest.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(MODEL)/tokenizer.model $(wildcard $(MODEL)/decoding.json $(MODEL)/keep_terms.txt $(MODEL)/source_words.txt $(MODEL)/memory.jsonl.gz $(MODEL)/lexicon.txt.gz) | install
 	$(PY) -m export --checkpoint $(MODEL) --out $(BUNDLE)
