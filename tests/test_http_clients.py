@@ -53,7 +53,11 @@ def test_deep_translator_text_file_and_auto(http_server, tmp_path):
     # A .txt goes as one text: each line is translated as itself (no `¿` carried to the first line).
     path = tmp_path / "ui.txt"
     path.write_text("Open the file\nSave changes?\n", encoding="utf-8")
-    assert translator.translate_file(str(path)) == "Abrir el archivo\n¿Guardar los cambios?"
+    first, second = translator.translate_file(str(path)).split("\n")
+    # Debian's catalogs give both `¿Guardar los cambios?` and `¿Desea guardar los cambios?`; which one
+    # comes is the model's, what this checks is that each line keeps its own `¿ ?`.
+    assert first == "Abrir el archivo" and second.startswith("¿") and second.endswith("?")
+    assert "guardar" in second.lower()
     assert translator.translate_batch(["Save", "Delete"]) == ["Guardar", "Eliminar"]
     auto = libre(source="auto", target="es", api_key="unused", custom_url=url(http_server))
     assert auto.translate("Open the file") == "Abrir el archivo"
