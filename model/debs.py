@@ -122,6 +122,18 @@ def release_sha256(name: str) -> str | None:
     return None
 
 
+def download_once(url: str, path: Path, timeout: float) -> Path:
+    """`url` into `path` unless it is there already, streamed through ``<name>.part`` so that an
+    interrupted download never passes for a complete file. An HTTP error propagates."""
+    if not path.exists():
+        partial = path.with_name(path.name + ".part")
+        with urllib.request.urlopen(url, timeout=timeout) as response, partial.open("wb") as out:
+            for block in iter(lambda: response.read(1 << 20), b""):
+                out.write(block)
+        partial.rename(path)
+    return path
+
+
 def fetch_release_file(name: str, cache: Path, mirror: str = MIRROR) -> str:
     """Download ``dists/<suite>/<name>`` into `cache` (once, under its base name) and check it against
     apt's InRelease, so that what is read comes from Debian's own index. Returns its sha256."""
@@ -129,10 +141,7 @@ def fetch_release_file(name: str, cache: Path, mirror: str = MIRROR) -> str:
     path = cache / name.rsplit("/", 1)[-1]
     if not path.exists():
         print(f"downloading {name} of {SUITE}", file=sys.stderr)
-        partial = path.with_suffix(".part")
-        with urllib.request.urlopen(f"{mirror}/dists/{SUITE}/{name}", timeout=120) as response:
-            partial.write_bytes(response.read())
-        partial.rename(path)
+    download_once(f"{mirror}/dists/{SUITE}/{name}", path, timeout=120)
     digest = sha256_file(path)
     expected = release_sha256(name)
     if expected is not None and expected != digest:

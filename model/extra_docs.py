@@ -28,13 +28,11 @@ split only (``python -m model.corpus --extra-docs``), as model/extra_catalogs.py
 
 from __future__ import annotations
 
-import hashlib
 import lzma
 import re
 import sys
 import tarfile
 import urllib.error
-import urllib.request
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -44,7 +42,7 @@ import polib
 from tqdm import tqdm
 
 from model.corpus import Pair, clean_pair, package_family
-from model.debs import MIRROR, fetch_release_file
+from model.debs import MIRROR, download_once, fetch_release_file
 from model.extra_catalogs import (
     IndexEntry,
     contents_lines,
@@ -54,6 +52,7 @@ from model.extra_catalogs import (
     read_package_index,
 )
 from model.languages import Language
+from runtime.bundle import sha256_file
 from runtime.tokenizer import PLACEHOLDER_PATTERN
 
 SOURCE_NAME = "extra-docs"
@@ -143,24 +142,11 @@ def read_sources(
         return parse_sources(handle.read(), wanted), digest
 
 
-def _sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def fetch_verified(url: str, path: Path, sha256: str) -> Path:
     """`url` into `path` (unless cached), refused unless its sha256 is the one Sources gives: a damaged or
     substituted file is deleted and the run stops. An HTTP error (the mirror lacks it) propagates."""
-    if not path.exists():
-        partial = path.with_name(path.name + ".part")
-        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response, partial.open("wb") as out:
-            for block in iter(lambda: response.read(1 << 20), b""):
-                out.write(block)
-        partial.rename(path)
-    digest = _sha256_of(path)
+    download_once(url, path, DOWNLOAD_TIMEOUT_S)
+    digest = sha256_file(path)
     if digest != sha256:
         path.unlink()
         raise RuntimeError(f"{path.name}: sha256 {digest} is not the {sha256} that Sources gives")
