@@ -108,33 +108,66 @@ def per_pair_record(run: Path, step: int) -> dict | None:
     return before[-1] if before else None
 
 
+def _release_step(model_dir: Path) -> int:
+    """The step of a release's weights (its training.json's best record)."""
+    training = json.loads((model_dir / "training.json").read_text(encoding="utf-8"))
+    return int(training.get("best", training).get("step", 0))
+
+
+def _language_sets(manifest: dict, language: str, split: str, with_tag: bool) -> tuple[list, list, list]:
+    """A language's `split` pairs, their novel flags and its common UI strings, from its own corpus; with
+    its tag in front of every source for the multilingual model, as they are for a per-pair one without."""
+    from model.common_strings import load_common_strings
+    from model.corpus import read_novel
+
+    source = Path(manifest["sources"][language]["data"])
+    pairs, common = read_split(source, split), load_common_strings(source)
+    if with_tag:
+        pairs = [(tagged(language, s), t) for s, t in pairs]
+        common = [replace(c, source=tagged(language, c.source)) for c in common]
+    return pairs, read_novel(source, split), common
+
+
+class _Release:
+    """A released model directory loaded once: its model, tokenizer and step."""
+
+    def __init__(self, model_dir: Path) -> None:
+        from model.train import load_release
+        from runtime.tokenizer import Tokenizer
+
+        self.tokenizer = Tokenizer(model_dir / "tokenizer.model")
+        self.model = load_release(model_dir)
+        self.step = _release_step(model_dir)
+
+    def measure(self, sets: tuple[list, list, list], bleu_sentences: int) -> dict:
+        """What model.train.Validation measures, on these sets."""
+        import torch
+
+        from model.train import Validation
+
+        pairs, novel, common = sets
+        validation = Validation.from_pairs(pairs, novel, common, self.tokenizer, 128, 3000, bleu_sentences)
+        return validation.measure(self.model, self.tokenizer, torch.device("cpu"))
+
+
 def score(data: Path, model_dir: Path, per_pair: dict[str, Path], threads: int) -> list[dict]:
     """Each language's validation of the multilingual model at `model_dir`, beside its per-pair run."""
     import torch
 
-    from model.common_strings import load_common_strings
-    from model.corpus import read_novel
-    from model.train import Validation, load_release
-    from runtime.tokenizer import Tokenizer
-
     torch.set_num_threads(threads)
     manifest = json.loads((data / "manifest.json").read_text(encoding="utf-8"))
-    tokenizer = Tokenizer(model_dir / "tokenizer.model")
-    model = load_release(model_dir)
-    training = json.loads((model_dir / "training.json").read_text(encoding="utf-8"))
-    step = int(training.get("best", training).get("step", 0))
-    equal = step // len(manifest["languages"])
+    release = _Release(model_dir)
+    equal = release.step // len(manifest["languages"])
     rows = []
     for language in manifest["languages"]:
-        source = Path(manifest["sources"][language]["data"])
-        pairs = [(tagged(language, s), t) for s, t in read_split(source, "valid")]
-        common = [replace(c, source=tagged(language, c.source)) for c in load_common_strings(source)]
-        validation = Validation.from_pairs(
-            pairs, read_novel(source, "valid"), common, tokenizer, 128, 3000, 400
-        )
         started = time.perf_counter()
-        measured = validation.measure(model, tokenizer, torch.device("cpu"))
-        row = {"language": language, "step": step, "multilingual": measured, "equal_compute_step": equal}
+        measured = release.measure(_language_sets(manifest, language, "valid", with_tag=True), 400)
+        row = {
+            "language": language,
+            "step": release.step,
+            "multilingual": measured,
+            "equal_compute_step": equal,
+        }
         if language in per_pair:
             row["per_pair"] = per_pair_record(per_pair[language], equal)
         rows.append(row)
@@ -154,43 +187,33 @@ def compare(
     `split` (``test``: its held-out packages): the final comparison, once both runs have ended."""
     import torch
 
-    from model.common_strings import load_common_strings
-    from model.corpus import read_novel
-    from model.train import Validation, load_release
-    from runtime.tokenizer import Tokenizer
-
     torch.set_num_threads(threads)
     manifest = json.loads((data / "manifest.json").read_text(encoding="utf-8"))
 
-    def measure(directory: Path, pairs: list, novel: list[bool], common: list) -> dict:
-        tokenizer = Tokenizer(directory / "tokenizer.model")
-        validation = Validation.from_pairs(pairs, novel, common, tokenizer, 128, 3000, bleu_sentences)
-        training = json.loads((directory / "training.json").read_text(encoding="utf-8"))
-        measured = validation.measure(load_release(directory), tokenizer, torch.device("cpu"))
+    def measure(release: _Release, sets: tuple[list, list, list]) -> dict:
         # Serving cost: a decoder step per target piece, so a vocabulary shared between languages that
         # cuts their words finer makes every translation longer to generate.
-        pieces = sum(len(ids) for ids in tokenizer.encode_batch([t for _, t in pairs])) / max(len(pairs), 1)
-        step = int(training.get("best", training).get("step", 0))
-        return measured | {"step": step, "target_pieces_per_sentence": round(pieces, 3)}
+        pairs = sets[0]
+        pieces = sum(len(ids) for ids in release.tokenizer.encode_batch([t for _, t in pairs])) / max(
+            len(pairs), 1
+        )
+        return release.measure(sets, bleu_sentences) | {
+            "step": release.step,
+            "target_pieces_per_sentence": round(pieces, 3),
+        }
 
+    multilingual = _Release(model_dir)
     rows = []
     for language in manifest["languages"]:
-        source = Path(manifest["sources"][language]["data"])
-        pairs, novel = read_split(source, split), read_novel(source, split)
-        common = load_common_strings(source)
         started = time.perf_counter()
         row = {
             "language": language,
             "split": split,
-            "multilingual": measure(
-                model_dir,
-                [(tagged(language, s), t) for s, t in pairs],
-                novel,
-                [replace(c, source=tagged(language, c.source)) for c in common],
-            ),
+            "multilingual": measure(multilingual, _language_sets(manifest, language, split, with_tag=True)),
         }
         if language in per_pair_models:
-            row["per_pair"] = measure(per_pair_models[language], pairs, novel, common)
+            sets = _language_sets(manifest, language, split, with_tag=False)
+            row["per_pair"] = measure(_Release(per_pair_models[language]), sets)
         rows.append(row)
         print(f"  {language}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     return rows
@@ -201,10 +224,7 @@ def print_table(rows: list[dict]) -> None:
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
         for run, r in (
-            (
-                "multilingual",
-                row["multilingual"] | {"step": row.get("step", row["multilingual"].get("step"))},
-            ),
+            ("multilingual", {"step": row.get("step")} | row["multilingual"]),  # compare's rows: inside
             ("one pair", row.get("per_pair")),
         ):
             if r:
@@ -213,6 +233,11 @@ def print_table(rows: list[dict]) -> None:
                     f"| {r['valid_bleu']:.2f} | {r['valid_chrf']:.2f} "
                     f"| {r.get('common_accepted_percent', '?')}% |"
                 )
+
+
+def _language_dirs(items: list[str]) -> dict[str, Path]:
+    """``LANG=DIR`` arguments as a mapping."""
+    return {k: Path(v) for k, v in (item.split("=", 1) for item in items)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -246,19 +271,19 @@ def main(argv: list[str] | None = None) -> None:
               f"in {time.perf_counter() - started:.0f} s")  # fmt: skip
         return
     if args.command == "compare":
-        models = {k: Path(v) for k, v in (item.split("=", 1) for item in args.models)}
+        models = _language_dirs(args.models)
         rows = compare(args.data, args.model, models, args.split, args.bleu_sentences, args.threads)
-        print_table(rows)
-        if args.json:
-            args.json.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
-        print(f"compared {len(rows)} languages on {args.split} in {time.perf_counter() - started:.0f} s")
-        return
-    per_pair = dict(item.split("=", 1) for item in args.per_pair)
-    rows = score(args.data, args.model, {k: Path(v) for k, v in per_pair.items()}, args.threads)
+    else:
+        rows = score(args.data, args.model, _language_dirs(args.per_pair), args.threads)
     print_table(rows)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
-    print(f"scored {len(rows)} languages in {time.perf_counter() - started:.0f} s")
+    done = (
+        f"compared {len(rows)} languages on {args.split}"
+        if args.command == "compare"
+        else f"scored {len(rows)} languages"
+    )
+    print(f"{done} in {time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":
