@@ -222,10 +222,9 @@ model: install
 model-from-gpu: data-check install
 	@test -n "$(GPU_OUT)" || { echo "GPU_OUT=<the run's folder from the device> is required"; exit 2; }
 	$(PY) -m model.gpu_train --restore $(GPU_OUT) --to $(RUN)/gpu
-	@if [ ! -f $(MODEL)/training.json ]; then $(MAKE) --no-print-directory finish-model RELEASE=$(RUN)/gpu; \
-	else choice=$$($(PY) -m model.pick $(MODEL) $(RUN)/gpu) && \
-	  if [ "$$choice" = "$(RUN)/gpu" ]; then $(MAKE) --no-print-directory finish-model RELEASE=$(RUN)/gpu; \
-	  else echo "$(RUN)/gpu does not beat $(MODEL) on valid: not released"; fi; fi
+	@choice=$(RUN)/gpu; [ ! -f $(MODEL)/training.json ] || choice=$$($(PY) -m model.pick $(MODEL) $(RUN)/gpu) || exit 1; \
+	if [ "$$choice" = "$(RUN)/gpu" ]; then $(MAKE) --no-print-directory finish-model RELEASE=$(RUN)/gpu; \
+	else echo "$(RUN)/gpu does not beat $(MODEL) on valid: not released"; fi
 
 # A release made a shipped model: its weights and tokenizer, lexicon (where Debian has a hunspell
 # dictionary), do-not-translate terms, translation memory, decoding defaults and model card.
