@@ -14,9 +14,10 @@ time) and per-batch latency (median and p90 over all batches of all repetitions)
 engine, PyTorch and CTranslate2 are compared token for token and the mismatches counted (beam outputs
 are only reported: CTranslate2's beam search has its own stopping rules).
 
-`--profile` adds where the engine's time goes: `engine.last_stats` if the engine exposes it, and a
-cProfile of `Engine.translate` grouped into ONNX Runtime runs (by calling method), NumPy, tokenizer and
-Python overhead. Without an engine, the PyTorch KV-cache decoder is profiled instead, as an example.
+`--profile` adds where each engine system's time goes, per setting: `engine.last_stats` if the engine
+exposes it (and from it a table of time per decoder step: ONNX Runtime against host), and a cProfile of
+`Engine.translate` grouped into ONNX Runtime runs (by calling method), NumPy, tokenizer and Python
+overhead. Without an engine, the PyTorch KV-cache decoder is profiled instead, as an example.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ SYSTEMS = [
     "peer-fp32",  # --peer-bundle: another model's bundle (a candidate architecture against the shipped one)
     "peer-int8",
 ]
+ENGINE_SYSTEMS = ("engine-fp32", "engine-int8", "peer-fp32", "peer-int8")  # what --profile profiles
 LABELS = {
     "engine-fp32": "ONNX engine fp32",
     "engine-fp32-text": "ONNX engine fp32 + text layer",
@@ -357,6 +359,15 @@ def profile_system(system: System, texts: list[str], batch: int, beam: int, top:
         report["engine_last_stats"] = merged
         if isinstance(merged, dict) and "total_s" in merged:
             report["engine_breakdown_s"] = _breakdown(merged)
+            steps = max(int(merged.get("steps", 0)), 1)
+            host = merged.get("generate_s", 0.0) - merged.get("encoder_s", 0.0) - merged.get("decoder_s", 0.0)
+            report["per_step"] = {
+                "steps": steps,
+                "rows_per_step": merged.get("row_steps", 0) / steps,
+                "decoder_us": 1e6 * merged.get("decoder_s", 0.0) / steps,
+                "host_us": 1e6 * max(host, 0.0) / steps,
+                "encoder_share": merged.get("encoder_s", 0.0) / max(merged["total_s"], 1e-9),
+            }
     return report
 
 
@@ -632,16 +643,32 @@ def main(argv: list[str] | None = None) -> None:
 
         profile = None
         if args.profile:
-            target = systems.get("engine-fp32") or systems.get("engine-int8")
-            if target is None:
+            targets = [systems[n] for n in ENGINE_SYSTEMS if n in systems]
+            if not targets:
                 log("\nno engine to profile; profiling the PyTorch KV-cache decoder instead, as an example")
-                target = systems.get("torch-kv") or TorchSystem("torch-kv", model, tok, cache=True)
+                targets = [systems.get("torch-kv") or TorchSystem("torch-kv", model, tok, cache=True)]
             profile = []
             for setting in settings:
                 batch, beam = SETTINGS[setting]
-                rep = profile_system(target, texts, batch, beam)
-                print_profile(rep)
-                profile.append(rep)
+                for target in targets:
+                    rep = profile_system(target, texts, batch, beam)
+                    print_profile(rep)
+                    profile.append(rep)
+            steps_table = [r for r in profile if "per_step" in r]
+            if steps_table:
+                print(
+                    "\nper decoder step (engine timers, unprofiled pass; host = selection + cache + Python):"
+                )
+                print(
+                    "| system | setting | steps | rows per step | ORT decoder us | host us | encoder share |"
+                )
+                print("|---|---|---:|---:|---:|---:|---:|")
+                for r in steps_table:
+                    ps = r["per_step"]
+                    print(
+                        f"| {r['system']} | {r['setting']} | {ps['steps']} | {ps['rows_per_step']:.1f} | "
+                        f"{ps['decoder_us']:.0f} | {ps['host_us']:.0f} | {100 * ps['encoder_share']:.0f}% |"
+                    )
 
         key_pairs = ("engine-fp32 vs ct2-fp32", "ct2-fp32 vs torch-kv", "engine-fp32 vs torch-kv")
         greedy_mm = [

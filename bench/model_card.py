@@ -65,6 +65,15 @@ def run_evaluations(args: argparse.Namespace) -> None:
     held_out_catalog.main([*catalog, "--json", str(args.model / REPORTS["catalog"])])
 
 
+def _int8_activations(bundle: Path) -> str:
+    """How the bundle's int8 variant scales activations (export/int8.py), as its manifest records it."""
+    manifest = bundle / "manifest.json"
+    scales = json.loads(manifest.read_text()).get("int8_activation_scales", "") if manifest.is_file() else ""
+    if scales and not scales.startswith("per row"):
+        return "fixed per-channel activation scales measured on valid"
+    return "activations quantized per row at run time"
+
+
 def _shipped_weights(best: dict) -> str:
     """'Best checkpoint: step N', or the steps an averaged release (model.average) is the mean of."""
     if "averaged" in best:
@@ -353,7 +362,9 @@ def render(args: argparse.Namespace) -> str:
     ]
     if "int8" in reports and "fp32" in reports:
         delta = reports["int8"]["systems"]["model"]["bleu"] - reports["fp32"]["systems"]["model"]["bleu"]
-        out.append(f"int8 (integer GEMMs, activations quantized per row) vs fp32 engine: {delta:+.2f} BLEU.")
+        out.append(
+            f"int8 (integer GEMMs, {_int8_activations(args.bundle)}) vs fp32 engine: {delta:+.2f} BLEU."
+        )
     if apertium:
         out += ["", "chrF by test package (model / Apertium):", "", "| package | pairs | model | Apertium |",
                 "| --- | --- | --- | --- |"]  # fmt: skip

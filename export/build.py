@@ -18,7 +18,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from export import cache_graphs, fused_step, int8, precision, verify
+from export import cache_graphs, calibrate, fused_step, int8, precision, verify
 from export import onnx_export as ox
 from model.model import Transformer
 from model.tokenizer import MODEL_FILE, Tokenizer
@@ -255,6 +255,7 @@ def _build(
     else:
         _step("fp32 decoder step (torch.onnx.export)", lambda: ox.export_decoder(model, raw / "decoder.onnx"))
     info: dict[str, Any] = {"variants": {}, "graphs": {}, "parity": {}, "node_counts": {}, "optimizer": {}}
+    int8_description = int8.DESCRIPTION
     if fused_attention:  # for the record: which decoder step graph the bundle has
         info["decoder_step"] = f"{fused_step.DESCRIPTION} (self-attention: {fused_attention})"
     try:
@@ -275,10 +276,15 @@ def _build(
                     shutil.copyfile(raw / "decoder.onnx", dec)
                 elem = onnx.TensorProto.FLOAT
             elif variant == "int8":
+                ranges, where = calibrate.load_ranges(checkpoint)
+                static = ranges is not None
+                int8_description = int8.DESCRIPTION_STATIC if static else int8.DESCRIPTION
+                info["int8_activation_scales"] = where if static else f"per row at run time: {where}"
+                _log(f"  int8 activation scales: {info['int8_activation_scales']}")
                 for g, dst in (("encoder", enc), ("decoder", dec)):
                     _step(
                         f"int8 {g}",
-                        lambda g=g, dst=dst: int8.quantize_int8(raw / f"{g}.onnx", dst),
+                        lambda g=g, dst=dst, r=ranges: int8.quantize_int8(raw / f"{g}.onnx", dst, r),
                     )
                 elem = onnx.TensorProto.FLOAT
             else:
@@ -293,7 +299,7 @@ def _build(
             info["variants"][variant] = {g: f"{variant}/{g}.onnx" for g in (*GRAPHS, *OPTIONAL_GRAPHS)}
             info["variants"][variant]["precision"] = {
                 "fp32": "float32",
-                "int8": int8.DESCRIPTION,
+                "int8": int8_description,
                 "fp16": "float16 weights and K/V cache; float32 ids, bias, scores, log-softmax and top-k",
             }[variant]
             info["node_counts"][variant] = {

@@ -156,8 +156,13 @@ def test_engine_speed_runs_on_the_shipped_sample_without_a_corpus(tiny: TinyBund
     argv += ["--settings", "b1-greedy,b32-beam4"]
     argv += ["--max-source-tokens", "20"]  # the tiny bundle takes 24
     argv += ["--peer-bundle", str(tiny.bundle)]  # a candidate model's bundle; here the same one
-    engine_speed.main([*argv, "--json", str(out)])
+    engine_speed.main([*argv, "--profile", "--json", str(out)])
     report = json.loads(out.read_text())
+    # --profile: every engine system at every setting, with its time per decoder step
+    steps = {(r["system"], r["setting"]): r["per_step"] for r in report["profile"]}
+    assert set(steps) == {(s, f"batch {b}, beam {k}") for s in ("engine-fp32", "engine-int8", "peer-fp32")
+                          for b, k in ((1, 1), (32, 4))}  # fmt: skip
+    assert all(p["steps"] > 0 and p["decoder_us"] > 0 and p["host_us"] >= 0 for p in steps.values())
     assert report["meta"]["texts"].endswith("speed.en") and report["meta"]["sentences"] == 6
     cpu = report["meta"]["cpu"]
     assert cpu["model"] and isinstance(cpu["vector_extensions"], list) and cpu["logical_cpus"] >= 1
@@ -166,7 +171,8 @@ def test_engine_speed_runs_on_the_shipped_sample_without_a_corpus(tiny: TinyBund
     assert report["batch1_vs_batch32_differences"] == {} or all(
         v == 0 for v in report["batch1_vs_batch32_differences"].values()
     )
-    assert f"CPU: {cpu['model']}" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"CPU: {cpu['model']}" in printed and "| engine-int8 | batch 32, beam 4 |" in printed
 
 
 def test_models_loaded_starts_a_server_and_measures_it(tiny_bundle):

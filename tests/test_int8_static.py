@@ -1,0 +1,189 @@
+"""int8 with static per-channel activation scales: the ranges measured on valid (export/calibrate.py),
+the graphs built from them (export/int8.py), and the export choosing them (export/build.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from export.__main__ import main as export_main
+from export.calibrate import RANGES_FILE, load_ranges, measure_ranges, write_ranges
+from export.int8 import (
+    ACTIVATION_LEVELS,
+    OUTPUT_PROJECTION,
+    ZERO_POINT,
+    channel_scales,
+    quantize_int8,
+    quantize_weight,
+    range_key,
+)
+from model.tokenizer import Tokenizer
+from model.train import save_release
+from tests.test_export import TOKENIZER, tiny_model
+from tests.test_int8 import _graph, _run
+
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+
+
+def _static_reference(x: np.ndarray, w: np.ndarray, ranges: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The integer computation the static graph stands for, in numpy (int64; only uint8 saturates).
+    rows: the largest |weight| of each input channel over the layers reading x."""
+    a = channel_scales(ranges, rows)
+    scaled = x * (1.0 / a).astype(np.float32)
+    xq = np.clip(np.rint(scaled) + ZERO_POINT, 0, 255).astype(np.int64) - ZERO_POINT  # rint: half to even
+    wq, ws = quantize_weight(w.astype(np.float64) * a[:, None])
+    return (xq @ wq.astype(np.int64)).astype(np.float32) * ws
+
+
+def test_range_keys_name_the_model_layers():
+    assert range_key("m.decoder_layers.0.ffn.fc1.weight_matmul_t") == "decoder_layers.0.ffn.fc1"
+    assert range_key("decoder_layers.2.self_attn.qkv.weight") == "decoder_layers.2.self_attn.qkv"
+    assert range_key("onnx::MatMul_398") == OUTPUT_PROJECTION
+    assert range_key("embed.weight_matmul_t") == OUTPUT_PROJECTION
+
+
+def test_static_graph_is_the_exact_integer_product_and_saturates_out_of_range(tmp_path: Path):
+    rng = np.random.default_rng(5)
+    k, n = 64, 24
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    ranges = np.abs(rng.standard_normal(k)) + 0.5
+    ranges[7] = 40.0  # an outlier channel, as layer-norm outputs have: the others keep their resolution
+    _graph(tmp_path / "fp32.onnx", {"w": w})
+    stats = quantize_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", {"w": ranges})
+    assert stats == {"quantized": 1, "activations": 1, "bias_added": 0}
+    x = (rng.standard_normal((6, k)) * ranges * 0.5).astype(np.float32)
+    x[3, 0] = 10 * ranges[0]  # beyond the measured range: clipped to the largest level, not wrapped
+    (got,) = _run(tmp_path / "int8.onnx", x)
+    want = _static_reference(x, w, ranges, np.abs(w).max(axis=1))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    fine = [i for i in range(len(x)) if i != 3]
+    exact = x[fine] @ w
+    assert np.abs(got[fine] - exact).max() <= 0.03 * np.abs(exact).max()
+    # a fixed scale: a row's result is the same alone and in any batch
+    for i in range(len(x)):
+        (alone,) = _run(tmp_path / "int8.onnx", x[i : i + 1])
+        assert np.array_equal(alone[0], got[i])
+
+
+def test_static_shared_input_is_quantized_once_with_the_bias_inside_the_product(tmp_path: Path):
+    rng = np.random.default_rng(6)
+    ws = {f"w{j}": rng.standard_normal((32, 16)).astype(np.float32) for j in range(3)}
+    bias = rng.standard_normal(16).astype(np.float32)
+    ranges = {name: np.abs(rng.standard_normal(32)) + 0.2 for name in ws}
+    _graph(tmp_path / "fp32.onnx", ws, bias)
+    stats = quantize_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", ranges)
+    assert stats == {"quantized": 3, "activations": 1, "bias_added": 1}
+    ops = [node.op_type for node in onnx.load(str(tmp_path / "int8.onnx")).graph.node]
+    assert ops.count("QuantizeLinear") == 1 and ops.count("MatMulIntegerToFloat") == 3
+    assert {"MatMul", "Add", "ReduceMax", "Div"}.isdisjoint(ops)
+    joined = np.maximum.reduce(list(ranges.values()))  # one activation, one scale: the readers' max
+    rows = np.maximum.reduce([np.abs(w).max(axis=1) for w in ws.values()])
+    x = (rng.standard_normal((4, 32)) * 0.5).astype(np.float32)
+    got = _run(tmp_path / "int8.onnx", x)
+    for j, w in enumerate(ws.values()):
+        want = _static_reference(x, w, joined, rows) + (bias if j == 0 else 0)
+        np.testing.assert_allclose(got[j], want, rtol=1e-5, atol=1e-5)
+
+
+def test_ranges_that_do_not_fit_the_graph_are_refused(tmp_path: Path):
+    w = np.ones((16, 4), np.float32)
+    _graph(tmp_path / "fp32.onnx", {"w": w})
+    with pytest.raises(ValueError, match=r"w \(missing\)"):
+        quantize_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", {"other": np.ones(16)})
+    with pytest.raises(ValueError, match="8 channels, weight has 16"):
+        quantize_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", {"w": np.ones(8)})
+
+
+def test_quiet_channels_get_a_floor_and_scales_cover_the_range():
+    a = channel_scales(np.array([0.0, 1e-9, 2.0, 100.0]))
+    assert (a > 0).all() and a[0] == a[1] == pytest.approx(1.0 / ACTIVATION_LEVELS)  # 1% of 100
+    assert a[3] * ACTIVATION_LEVELS == pytest.approx(100.0)
+    assert (channel_scales(np.zeros(4)) > 0).all()
+    # with weights: no channel's range / scale passes 127 (nothing measured saturates), and the loud
+    # channel's scale grows by less than its range (part of it moves into the weight's row)
+    r, rows = np.array([1.0, 1.0, 30.0]), np.array([0.5, 0.2, 0.4])
+    a = channel_scales(r, rows)
+    assert (r / a).max() == pytest.approx(ACTIVATION_LEVELS) and (r / a <= ACTIVATION_LEVELS + 1e-9).all()
+    assert a[2] / a[0] < 30.0
+
+
+def _tiny():
+    tokenizer = Tokenizer(TOKENIZER)
+    return tiny_model(tokenizer.vocab_size, seed=3), tokenizer
+
+
+def test_measured_ranges_cover_every_layer_and_leave_padding_out():
+    model, tokenizer = _tiny()
+    texts = [
+        ("Open the file.", "Abrir el archivo."),
+        ("Cancel", "Cancelar"),
+        ("Save all documents now?", "¿Guardar?"),
+    ]
+    pairs = [(tokenizer.encode(a), tokenizer.encode(b)) for a, b in texts]
+    batched = measure_ranges(model, pairs, batch_size=8)
+    linears = {name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    assert set(batched) == linears | {OUTPUT_PROJECTION}
+    assert batched["encoder_layers.0.ffn.fc2"].shape == (model.config.d_ff,)
+    alone = [measure_ranges(model, [p], batch_size=1) for p in pairs]  # no padding at all
+    for name, r in batched.items():
+        np.testing.assert_allclose(r, np.maximum.reduce([a[name] for a in alone]), rtol=1e-5, atol=1e-6)
+
+
+def _corpus(root: Path) -> Path:
+    data = root / "data"
+    data.mkdir()
+    pairs = [("Open the file.", "Abrir el archivo."), ("Cancel", "Cancelar"), ("Settings", "Configuración")]
+    (data / "valid.en").write_text("".join(f"{a}\n" for a, _ in pairs * 4), encoding="utf-8")
+    (data / "valid.es").write_text("".join(f"{b}\n" for _, b in pairs * 4), encoding="utf-8")
+    return data
+
+
+def _export(checkpoint: Path, out: Path) -> dict:
+    buf = io.StringIO()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        warnings.simplefilter("ignore")
+        rc = export_main(
+            ["--checkpoint", str(checkpoint), "--out", str(out), "--variants", "fp32,int8",
+             "--max-source-tokens", "24", "--max-length-cap", "40", "--parity-sentences", "4"]
+        )  # fmt: skip
+    assert rc == 0, buf.getvalue()
+    return json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+
+
+def test_export_uses_the_ranges_of_these_weights_and_falls_back_without_them(tmp_path: Path):
+    model, tokenizer = _tiny()
+    checkpoint = tmp_path / "tiny"
+    save_release(model, checkpoint, tokenizer, {"best": {"step": 0}})
+    assert load_ranges(checkpoint)[0] is None
+
+    path = write_ranges(checkpoint, _corpus(tmp_path), n=100, seed=1)
+    report = json.loads(path.read_text(encoding="utf-8"))
+    assert path.name == RANGES_FILE and report["split"] == "valid" and report["pairs"] == 12
+    ranges, where = load_ranges(checkpoint)
+    assert ranges is not None and where == str(path)
+
+    m = _export(checkpoint, tmp_path / "bundle")
+    assert "fixed per-channel scales" in m["variants"]["int8"]["precision"]
+    assert m["int8_activation_scales"] == str(path)
+    assert m["parity"]["int8"]["top1_agreement"] >= 0.5
+    dec = onnx.load(str(tmp_path / "bundle" / "int8" / "decoder.onnx"))
+    ops = [node.op_type for node in dec.graph.node]
+    assert "QuantizeLinear" in ops and "ReduceMax" not in ops
+
+    # retrained weights: the file is stale, the export says so and quantizes per row at run time
+    with torch.no_grad():
+        model.embed.weight.mul_(1.01)
+    save_release(model, checkpoint, tokenizer, {"best": {"step": 1}})
+    ranges, why = load_ranges(checkpoint)
+    assert ranges is None and "stale" in why
+    m = _export(checkpoint, tmp_path / "bundle2")
+    assert "per row" in m["variants"]["int8"]["precision"]
+    assert m["int8_activation_scales"].startswith("per row at run time")
