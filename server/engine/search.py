@@ -75,10 +75,11 @@ def select_candidates(
         top_s = np.pad(top_s, ((0, 0), (0, pad)), constant_values=-np.inf)
     # Live candidates first, in rank order; slots past n_live are dead beams.
     order = np.argsort(~live, axis=1, kind="stable")[:, :width]
+    picked = (np.arange(len(order))[:, None], order)  # fancy indexing: cheaper than take_along_axis here
     valid = np.arange(width)[None, :] < n_live[:, None]
-    new_beam = np.where(valid, np.take_along_axis(beam, order, axis=1), 0)
-    new_tok = np.where(valid, np.take_along_axis(tok, order, axis=1), pad_id)
-    new_score = np.where(valid, np.take_along_axis(top_s, order, axis=1), -np.inf).astype(np.float32)
+    new_beam = np.where(valid, beam[picked], 0)
+    new_tok = np.where(valid, tok[picked], pad_id)
+    new_score = np.where(valid, top_s[picked], -np.inf).astype(np.float32)
     return beam, tok, top_s, eos_fin, n_live, new_beam, new_tok, new_score
 
 
