@@ -148,15 +148,17 @@ def build_fused_decoder(model: Transformer, self_attention: str = "split") -> on
     # Sublayers read u: x itself (post-norm) or LN(x) (pre-norm).
     u = x
     if pre:
-        u = layer_norm(x, layers[0].ln1, "dec0.ln1")
+        u = layer_norm(x, layers[0].ln1, "decoder_layers.0.ln1")
     outputs_kv: list[str] = []
     for i, layer in enumerate(layers):
-        p = f"dec{i}"
+        p = f"decoder_layers.{i}"  # the module names: int8 ranges are keyed by them
         sa, ca = layer.self_attn, layer.cross_attn
         # The LayerNorm after each sublayer's residual add: its own (post-norm), or the next sublayer's
         # (pre-norm: the next layer's ln1 after the FFN, decoder_ln after the last layer).
         if pre:
-            nxt = (layers[i + 1].ln1, f"dec{i + 1}.ln1") if i + 1 < n else (model.decoder_ln, "decoder_ln")
+            nxt = (model.decoder_ln, "decoder_ln")
+            if i + 1 < n:
+                nxt = (layers[i + 1].ln1, f"decoder_layers.{i + 1}.ln1")
             lns = [(layer.ln2, f"{p}.ln2"), (layer.ln3, f"{p}.ln3"), nxt]
         else:
             lns = [(layer.ln1, f"{p}.ln1"), (layer.ln2, f"{p}.ln2"), (layer.ln3, f"{p}.ln3")]

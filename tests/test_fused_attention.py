@@ -173,3 +173,22 @@ def test_int8_of_the_fused_step_matches_int8_of_the_traced_step(fused: Fused, tm
     fp32 = _session(fused.traced).run(None, feed)
     assert np.abs(got[0] - want[0]).max() < np.abs(want[0] - fp32[0]).max() / 2
     np.testing.assert_array_equal(got[-1], want[-1])
+
+
+def test_static_int8_scales_reach_the_fused_step_by_the_same_layer_names(fused: Fused, tmp_path: Path):
+    """The fused step names its weights after the model's modules, so the ranges measured on valid
+    (export/calibrate.py) give its int8 graph the same scales and int8 weights as the traced step's."""
+    from export.calibrate import measure_ranges
+
+    pairs = [(fused.tokenizer.encode(t), fused.tokenizer.encode(t)) for t in TEXTS]
+    ranges = measure_ranges(fused.model, pairs)
+    paths = [tmp_path / "fused-int8.onnx", tmp_path / "traced-int8.onnx"]
+    int8.quantize_int8(fused.bundle / "fp32" / "decoder.onnx", paths[0], ranges)
+    int8.quantize_int8(fused.traced, paths[1], ranges)
+    weights = [
+        sorted(
+            t.raw_data for t in onnx.load(str(p)).graph.initializer if t.data_type == onnx.TensorProto.INT8
+        )
+        for p in paths
+    ]
+    assert weights[0] == weights[1] and len(weights[0]) == 3 * len(fused.model.decoder_layers) * 2 + 1
