@@ -46,7 +46,7 @@ help:
 	@echo "  make release         copy the run's best weights (or RELEASE=dir) and their tokenizer into $(MODEL)/"
 	@echo "  make keep-terms      learn the do-not-translate list and source words into $(MODEL)/ (~20 s)"
 	@echo "  make memory          the translation memory (Debian's agreed translations) into $(MODEL)/ (~10 s)"
-	@echo "  make calibrate-int8  the int8 variant's activation ranges, measured on valid, into $(MODEL)/ (~30 s)"
+	@echo "  make calibrate-int8  the int8 variant's activation ranges, measured on valid, into $(MODEL)/ (seconds)"
 	@echo "  make lexicon         the word list of the lexical guard (hunspell expanded) of CORPUS_LANG into $(MODEL)/ (~1 min)"
 	@echo "  make tune-decoding   choose the decoding defaults of $(MODEL) on the valid split (its decoding.json)"
 	@echo "  make evaluate        score $(MODEL) on the test split against Apertium into runs/eval.json"
