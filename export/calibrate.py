@@ -166,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.n < 1:
         ap.error("--n must be at least 1")
+    if not (args.checkpoint / "model.safetensors").is_file():
+        ap.error(f"{args.checkpoint} has no model.safetensors (need a save_release model directory)")
+    if not (args.data / "valid.en").is_file():
+        ap.error(f"{args.data} has no valid split: run `make corpus` (DATA=...) first")
     write_ranges(args.checkpoint, args.data, args.n, args.seed)
     return 0
 

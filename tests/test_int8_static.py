@@ -187,3 +187,15 @@ def test_export_uses_the_ranges_of_these_weights_and_falls_back_without_them(tmp
     m = _export(checkpoint, tmp_path / "bundle2")
     assert "per row" in m["variants"]["int8"]["precision"]
     assert m["int8_activation_scales"].startswith("per row at run time")
+
+
+def test_calibrate_names_what_is_missing(tmp_path: Path, capsys):
+    from export.calibrate import main
+
+    for argv, why in (
+        (["--checkpoint", str(tmp_path), "--data", str(tmp_path)], "no model.safetensors"),
+        (["--checkpoint", str(Path(TOKENIZER).parent), "--data", str(tmp_path)], "make corpus"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2 and why in capsys.readouterr().err
