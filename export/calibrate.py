@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from export.int8 import OUTPUT_PROJECTION  # the tied projection (F.linear on embed.weight): no module
+from export.verify import pad_batch
 from model.model import Transformer
 from model.tokenizer import MODEL_FILE, Tokenizer
 from runtime.bundle import sha256_file
@@ -79,12 +80,9 @@ def measure_ranges(
         with torch.no_grad():
             for i in range(0, len(pairs), batch_size):
                 chunk = pairs[i : i + batch_size]
-                width_s, width_t = max(len(s) for s, _ in chunk), 1 + max(len(t) for _, t in chunk)
-                src = torch.full((len(chunk), width_s), cfg.pad_id, dtype=torch.long)  # (B, S)
-                tgt = torch.full((len(chunk), width_t), cfg.pad_id, dtype=torch.long)  # (B, T)
-                for j, (s, t) in enumerate(chunk):
-                    src[j, : len(s)] = torch.tensor(s)
-                    tgt[j, : len(t) + 1] = torch.tensor([cfg.bos_id, *t])  # BOS + target: the decoder's input
+                src = torch.from_numpy(pad_batch([s for s, _ in chunk], cfg.pad_id))  # (B, S)
+                # BOS + target: the decoder's input (B, T)
+                tgt = torch.from_numpy(pad_batch([[cfg.bos_id, *t] for _, t in chunk], cfg.pad_id))
                 masks["src"], masks["tgt"] = src != cfg.pad_id, tgt != cfg.pad_id
                 memory, src_pad_mask = model.encode(src)  # (B, S, D)
                 model.decode(tgt, memory, src_pad_mask)  # (B, T, V), read by the hooks only

@@ -138,6 +138,12 @@ def static_quantizer(x: str, scales: np.ndarray) -> tuple[list[onnx.NodeProto], 
     return nodes, inits, f"{p}_u8"
 
 
+def constant_weight(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> onnx.TensorProto | None:
+    """The (K, N) initializer a MatMul multiplies by, i.e. a GEMM this module quantizes; else None."""
+    w = inits.get(node.input[1]) if node.op_type == "MatMul" else None
+    return w if w is not None and len(w.dims) == 2 else None
+
+
 def activation_scales(
     g: onnx.GraphProto, inits: dict[str, onnx.TensorProto], ranges: dict[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
@@ -148,8 +154,8 @@ def activation_scales(
     weight_rows: dict[str, np.ndarray] = {}
     problems = []
     for node in g.node:
-        w = inits.get(node.input[1]) if node.op_type == "MatMul" else None
-        if w is None or len(w.dims) != 2:
+        w = constant_weight(node, inits)
+        if w is None:
             continue
         key = range_key(node.input[1])
         r = ranges.get(key)
@@ -190,8 +196,8 @@ def quantize_int8(src: Path, dst: Path, ranges: dict[str, np.ndarray] | None = N
     for node in g.node:
         if id(node) in dropped:
             continue
-        w_init = inits.get(node.input[1]) if node.op_type == "MatMul" else None
-        if w_init is None or len(w_init.dims) != 2:
+        w_init = constant_weight(node, inits)
+        if w_init is None:
             new_nodes.append(node)
             continue
         x = node.input[0]
@@ -224,32 +230,25 @@ def quantize_int8(src: Path, dst: Path, ranges: dict[str, np.ndarray] | None = N
                 bias, out = other, add.output[0]
                 dropped.add(id(add))
                 stats["bias_added"] += 1
+        # (x_q - 128) @ w_q * 1.0 * w_scale: static scales live in w_q and the bias joins the op; a per-row
+        # scale is not an input this op takes, so the rescale (and then the bias) follows the product.
         inputs = [xq, f"{base}_w", "int8_one", f"{base}_s", "int8_zero_point"]
-        if sa is None:  # static: (x_q - 128) @ w_q * w_scale + b, all in the one op
-            new_nodes.append(
-                helper.make_node(
-                    "MatMulIntegerToFloat",
-                    [*inputs, "", *([bias] if bias else [])],
-                    [out],
-                    name=f"{node.name or base}_int8",
-                    domain="com.microsoft",
-                )
+        if sa is None:
+            inputs += ["", *([bias] if bias else [])]
+        new_nodes.append(
+            helper.make_node(
+                "MatMulIntegerToFloat",
+                inputs,
+                [out if sa is None else f"{base}_acc"],
+                name=f"{node.name or base}_int8",
+                domain="com.microsoft",
             )
-        else:  # (x_q - 128) @ w_q * 1.0 * w_scale, then the row scale (not an input this op takes)
-            new_nodes.append(
-                helper.make_node(
-                    "MatMulIntegerToFloat",
-                    inputs,
-                    [f"{base}_acc"],
-                    name=f"{node.name or base}_int8",
-                    domain="com.microsoft",
-                )
-            )
-            if bias is None:
-                new_nodes.append(helper.make_node("Mul", [f"{base}_acc", sa], [out]))
-            else:
-                new_nodes.append(helper.make_node("Mul", [f"{base}_acc", sa], [f"{base}_rows"]))
-                new_nodes.append(helper.make_node("Add", [f"{base}_rows", bias], [out]))
+        )
+        if sa is not None and bias is None:
+            new_nodes.append(helper.make_node("Mul", [f"{base}_acc", sa], [out]))
+        elif sa is not None:
+            new_nodes.append(helper.make_node("Mul", [f"{base}_acc", sa], [f"{base}_rows"]))
+            new_nodes.append(helper.make_node("Add", [f"{base}_rows", bias], [out]))
         stats["quantized"] += 1
     replace_nodes(g, new_nodes)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
