@@ -8,10 +8,12 @@ every MatMul with a constant (K, N) weight becomes
 
 where a_k is channel k's scale, from the range of channel k measured on the valid split and the
 weights' row k (`channel_scales`), and w_q quantizes diag(a) W per column, so the product needs no
-activation scale of its own. Three nodes per GEMM instead of ten (a decoder step at batch 1 runs 190
+activation scale of its own. Three nodes per GEMM instead of ten (a decoder step at batch 1 runs 169
 nodes instead of 322; README, Performance, for the time). Per-channel because a few channels of the
 layer-norm outputs run 5-10x larger than the rest (a per-tensor scale would leave the others a handful
-of levels). A fixed scale computes the same thing for a row alone or in any batch.
+of levels). A fixed scale computes the same thing for a row alone or in any batch. Where the activation
+is the FFN's relu(fc1(x)), its 1 / a is folded into fc1's column scales and bias (`relu_folds`), so
+that quantizer is the QuantizeLinear alone.
 
 **Per-row activation scales computed at run time** (the fallback without ranges):
 every MatMul with a constant (K, N) weight (the tied output projection included, via `gemm_to_matmul`)
@@ -126,16 +128,58 @@ def row_quantizer(x: str) -> tuple[list[onnx.NodeProto], str, str]:
     return nodes, f"{p}_u8", f"{p}_scale"
 
 
-def static_quantizer(x: str, scales: np.ndarray) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], str]:
-    """Nodes quantizing activation `x` with fixed per-channel scales: (nodes, initializers, uint8 name)."""
+def static_quantizer(
+    x: str, scales: np.ndarray, prescaled: bool = False
+) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], str]:
+    """Nodes quantizing activation `x` with fixed per-channel scales: (nodes, initializers, uint8 name).
+    `prescaled`: x already carries 1 / scales (folded into the GEMM that makes it, `relu_folds`)."""
     p = f"{x}_int8"
-    inits = [numpy_helper.from_array((1.0 / scales).astype(np.float32), f"{p}_inv_scale")]
-    nodes = [
-        helper.make_node("Mul", [x, f"{p}_inv_scale"], [f"{p}_scaled"]),
-        # round half to even, + 128, saturated to [0, 255]: one vectorised kernel
-        helper.make_node("QuantizeLinear", [f"{p}_scaled", "int8_one", "int8_zero_point"], [f"{p}_u8"]),
-    ]
+    inits, nodes, scaled = [], [], x
+    if not prescaled:
+        inits = [numpy_helper.from_array((1.0 / scales).astype(np.float32), f"{p}_inv_scale")]
+        nodes = [helper.make_node("Mul", [x, f"{p}_inv_scale"], [f"{p}_scaled"])]
+        scaled = f"{p}_scaled"
+    # round half to even, + 128, saturated to [0, 255]: one vectorised kernel
+    nodes.append(helper.make_node("QuantizeLinear", [scaled, "int8_one", "int8_zero_point"], [f"{p}_u8"]))
     return nodes, inits, f"{p}_u8"
+
+
+def relu_folds(
+    g: onnx.GraphProto,
+    inits: dict[str, onnx.TensorProto],
+    static: dict[str, np.ndarray],
+    consumers: dict[str, list[onnx.NodeProto]],
+) -> dict[str, str]:
+    """{output of a biased GEMM: the Relu activation it feeds} where the static quantizer's 1 / a can be
+    folded into that GEMM's column scales and bias (relu(y) / a = relu(y / a) for a > 0, per channel):
+    MatMul (constant weight) -> Add (constant bias) -> Relu, each read only by the next, and the Relu
+    read only by GEMMs with constant weights (the FFN's fc1 -> relu -> fc2). Saves one Mul per FFN."""
+    outputs = {o.name for o in g.output}
+    folds = {}
+    for node in g.node:
+        w = constant_weight(node, inits)
+        if w is None:
+            continue
+        users = consumers.get(node.output[0], [])
+        if len(users) != 1 or users[0].op_type != "Add" or node.output[0] in outputs:
+            continue
+        add = users[0]
+        bias = add.input[1] if add.input[0] == node.output[0] else add.input[0]
+        relus = consumers.get(add.output[0], [])
+        if bias not in inits or tuple(inits[bias].dims) != (w.dims[1],) or add.output[0] in outputs:
+            continue
+        if len(relus) != 1 or relus[0].op_type != "Relu":
+            continue
+        act = relus[0].output[0]
+        readers = consumers.get(act, [])
+        if (
+            act in static
+            and act not in outputs
+            and readers
+            and all(constant_weight(r, inits) is not None and r.input[0] == act for r in readers)
+        ):
+            folds[node.output[0]] = act
+    return folds
 
 
 def constant_weight(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> onnx.TensorProto | None:
@@ -188,6 +232,7 @@ def quantize_int8(src: Path, dst: Path, ranges: dict[str, np.ndarray] | None = N
             consumers.setdefault(name, []).append(node)
     graph_outputs = {o.name for o in g.output}
     static = activation_scales(g, inits, ranges) if ranges is not None else None
+    folds = relu_folds(g, inits, static, consumers) if static is not None else {}
     g.initializer.extend(numpy_helper.from_array(v, k) for k, v in QUANT_CONSTANTS.items())
     quantized: dict[str, tuple[str, str | None]] = {}  # activation -> (uint8 tensor, row scale or None)
     new_nodes: list[onnx.NodeProto] = []
@@ -206,7 +251,7 @@ def quantize_int8(src: Path, dst: Path, ranges: dict[str, np.ndarray] | None = N
                 nodes, xq, sa = row_quantizer(x)
                 quantized[x] = (xq, sa)
             else:
-                nodes, extra, xq = static_quantizer(x, static[x])
+                nodes, extra, xq = static_quantizer(x, static[x], prescaled=x in folds.values())
                 g.initializer.extend(extra)
                 quantized[x] = (xq, None)
             new_nodes += nodes
@@ -217,6 +262,10 @@ def quantize_int8(src: Path, dst: Path, ranges: dict[str, np.ndarray] | None = N
             w = w * static[x][:, None]  # x_q carries x / a: the weight's rows carry a
         wq, ws = quantize_weight(w)
         base = f"{node.input[1]}_int8"
+        act = folds.get(node.output[0])
+        fold = static[act] if act is not None and static is not None else None
+        if fold is not None:  # the Relu after this GEMM feeds a quantizer: its 1 / a goes in here
+            ws = (ws / fold).astype(np.float32)
         g.initializer.extend(
             [numpy_helper.from_array(wq, f"{base}_w"), numpy_helper.from_array(ws, f"{base}_s")]
         )
@@ -228,6 +277,10 @@ def quantize_int8(src: Path, dst: Path, ranges: dict[str, np.ndarray] | None = N
             b = inits.get(other)
             if b is not None and tuple(b.dims) == (wq.shape[1],):
                 bias, out = other, add.output[0]
+                if fold is not None:
+                    bias = f"{base}_bias"
+                    scaled_b = numpy_helper.to_array(b).astype(np.float64) / fold
+                    g.initializer.append(numpy_helper.from_array(scaled_b.astype(np.float32), bias))
                 dropped.add(id(add))
                 stats["bias_added"] += 1
         # (x_q - 128) @ w_q * 1.0 * w_scale: static scales live in w_q and the bias joins the op; a per-row

@@ -156,16 +156,18 @@ class LeanDecoderStepForExport(nn.Module):
         bias4 = src_bias[:, None, None, :]  # (B, 1, 1, S)
         # Per-row positions (N,) (or one shared (1,)): row r attends to its first position[r] cache
         # entries; the rest (other rows' longer histories, spare capacity) is masked. Built once.
-        spare = torch.arange(past[0].size(2))[None, :] >= position[:, None]  # (N or 1, C)
-        spare_bias = torch.zeros(spare.shape).masked_fill(spare, float("-inf"))[:, None, None, :]
+        # Built with constant-shape Reshapes and a broadcasting Where (scalar branches): no shape chain.
+        slots = torch.arange(past[0].size(2)).reshape(1, 1, 1, -1)  # (1, 1, 1, C)
+        spare = slots >= position.reshape(-1, 1, 1, 1)  # (N or 1, 1, 1, C)
+        spare_bias = torch.where(spare, float("-inf"), 0.0)
         q_shape = torch.cat([torch._shape_as_tensor(src_bias)[:1], torch.tensor([-1, h, dh])])  # B, Kc, H, Dh
         new_kv: list[Tensor] = []
         pre = cfg.norm_first
         for i, layer in enumerate(m.decoder_layers):
             sa: MultiHeadAttention = layer.self_attn
             u = _sublayer_input(layer.ln1, x, pre)  # (N, D)
-            qkv = F.linear(u, sa.qkv.weight, sa.qkv.bias).reshape(-1, 3, h, 1, dh)  # (N, 3, H, 1, Dh)
-            q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # (N, H, 1, Dh)
+            qkv = F.linear(u, sa.qkv.weight, sa.qkv.bias).reshape(-1, 3 * h, 1, dh)  # (N, 3H, 1, Dh)
+            q, k, v = qkv.split(h, dim=1)  # 3 x (N, H, 1, Dh): one Split, no Squeeze
             new_kv += [k, v]
             s_past = torch.matmul(q, past[2 * i].transpose(-1, -2)) * scale + spare_bias  # (N, H, 1, C)
             s_new = (q * k).sum(dim=-1, keepdim=True) * scale  # (N, H, 1, 1)

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from onnx import TensorProto, helper, numpy_helper
 
 from export.__main__ import main as export_main
 from export.calibrate import RANGES_FILE, load_ranges, measure_ranges, write_ranges
@@ -91,6 +92,54 @@ def test_static_shared_input_is_quantized_once_with_the_bias_inside_the_product(
     for j, w in enumerate(ws.values()):
         want = _static_reference(x, w, joined, rows) + (bias if j == 0 else 0)
         np.testing.assert_allclose(got[j], want, rtol=1e-5, atol=1e-5)
+
+
+def _ffn_graph(path: Path, w1: np.ndarray, b1: np.ndarray, w2: np.ndarray) -> None:
+    """x -> MatMul(w1) -> Add(b1) -> Relu -> MatMul(w2) -> y: the Transformer's feed-forward sublayer."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["mm1"]),
+        helper.make_node("Add", ["mm1", "b1"], ["h"]),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("MatMul", ["r", "w2"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(a, n) for n, a in (("w1", w1), ("b1", b1), ("w2", w2))]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", w1.shape[0]])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", w2.shape[1]])
+    graph = helper.make_graph(nodes, "ffn", [x], [y], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_the_scale_of_a_relu_activation_is_folded_into_the_product_before_it(tmp_path: Path):
+    rng = np.random.default_rng(8)
+    w1 = rng.standard_normal((32, 64)).astype(np.float32)
+    b1 = rng.standard_normal(64).astype(np.float32)
+    w2 = (rng.standard_normal((64, 16)) * 0.2).astype(np.float32)
+    x = (rng.standard_normal((5, 32)) * (np.abs(rng.standard_normal(32)) + 0.5)).astype(np.float32)
+    ranges = {"w1": np.abs(x).max(axis=0), "w2": np.maximum(x @ w1 + b1, 0).max(axis=0)}  # "calibrated" on x
+    _ffn_graph(tmp_path / "fp32.onnx", w1, b1, w2)
+    stats = quantize_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", ranges)
+    assert stats == {"quantized": 2, "activations": 2, "bias_added": 1}
+    graph = onnx.load(str(tmp_path / "int8.onnx")).graph
+    ops = [node.op_type for node in graph.node]
+    # x's quantizer keeps its Mul; relu(h)'s 1 / a rides in fc1's column scales and bias
+    assert ops == [
+        "Mul",
+        "QuantizeLinear",
+        "MatMulIntegerToFloat",
+        "Relu",
+        "QuantizeLinear",
+        "MatMulIntegerToFloat",
+    ]
+    (got,) = _run(tmp_path / "int8.onnx", x)
+    # the integer computation without the fold: relu(fc1) rescaled by 1 / a, then quantized (numpy)
+    h = _static_reference(x, w1, ranges["w1"], np.abs(w1).max(axis=1)) + b1
+    want = _static_reference(np.maximum(h, 0), w2, ranges["w2"], np.abs(w2).max(axis=1))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=0.02 * np.abs(want).max())
+    exact = np.maximum(x @ w1 + b1, 0) @ w2
+    assert np.abs(got - exact).max() <= 0.05 * np.abs(exact).max()
+    for i in range(len(x)):  # still batch-invariant
+        (alone,) = _run(tmp_path / "int8.onnx", x[i : i + 1])
+        assert np.array_equal(alone[0], got[i])
 
 
 def test_ranges_that_do_not_fit_the_graph_are_refused(tmp_path: Path):
