@@ -191,6 +191,11 @@ class DecodeBatch:
         filled = np.repeat(t_keep, kc_next)
         t_cap = time_slots(int(t_keep.max()) + (1 if new_kv is not None else 0))
         self._store.update_rows(src, filled, t_cap, new_kv, same_layout=kc_next == kc)
+        if perm.size == len(self.keys):  # nobody left (perm is the identity): only beams may move
+            if nb is not None or kc_next != kc:
+                self._hist = self._hist[perm[:, None], base]  # (n, Kc', L)
+            self.kc = kc_next
+            return
         moved = np.flatnonzero(perm != np.arange(perm.size))
         self._store.compact_sources(perm, moved)
         if nb is None and kc_next == kc:

@@ -97,10 +97,16 @@ class HostRows(Rows):
             changed = np.flatnonzero((src != np.arange(m)) & (src >= 0))
             if changed.size:
                 self._copy_rows(self.kv, changed, src[changed], NumpyCache.slots(filled[changed]))
-        if new_kv is not None:
-            ar = np.arange(m)
-            for p, x in zip(self.kv, new_kv, strict=True):
-                p[ar, :, filled] = x[src, :, 0]
+        if new_kv is None:
+            return
+        f = int(filled[0])
+        if m == new_kv[0].shape[0] and (filled == f).all() and (src == np.arange(m)).all():
+            for p, x in zip(self.kv, new_kv, strict=True):  # same rows, one slot: a strided copy
+                p[:m, :, f] = x[:, :, 0]
+            return
+        ar = np.arange(m)
+        for p, x in zip(self.kv, new_kv, strict=True):
+            p[ar, :, filled] = x[src, :, 0]
 
     def _relayout(self, src: np.ndarray, filled: np.ndarray, row_cap: int, t_cap: int) -> None:
         """New storage (row_cap, H, t_cap, Dh) with row m taken from old row src[m] (its first `filled`
