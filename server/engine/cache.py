@@ -3,8 +3,8 @@
 Both run the encoder and one decoder step and turn a step's new K/V into the next step's cache
 (`advance`: reorder rows by beam origin, append at slot t) and drop rows (`take`):
 
-* `NumpyCache` (CPU): numpy arrays with spare time capacity; greedy steps write in place, a beam reorder
-  is one contiguous np.take into a second, reused buffer.
+* `NumpyCache` (CPU): numpy arrays with spare time capacity, all layers' K and V stacked in one array;
+  greedy steps write in place, a beam reorder is one contiguous np.take into a second, reused buffer.
 * `BoundCache` (IOBinding: CUDA, or the CPU provider in tests): OrtValues on the device, reordered and
   appended there by the bundle's cache graph; only ids, scores and candidates cross the bus.
 
@@ -54,8 +54,10 @@ class NumpyCache:
 
     def __init__(self, graphs: Graphs) -> None:
         self.graphs = graphs
-        self._sets: list[list[np.ndarray | None]] = [[], []]  # double buffer: never read and write one set
+        self._sets: list[np.ndarray | None] = [None, None]  # double buffer: never read and write one set
         self._flip = 0
+        self._stack: np.ndarray | None = None  # (2L, rows, H, capacity, Dh): the last buffers() made
+        self._views: list[np.ndarray] = []  # its 2L views, as handed out
 
     def encode(self, src: np.ndarray) -> tuple[np.ndarray, list[Any]]:
         gr = self.graphs
@@ -73,37 +75,41 @@ class NumpyCache:
         return out[0], out[1], out[2:]
 
     def buffers(self, like: list[np.ndarray], rows: int, capacity: int) -> list[np.ndarray]:
-        """Zero-initialised, reused arrays (rows, H, capacity, Dh): spare entries must stay finite, and a
-        fresh allocation per step would page-fault its memory in every time (slower than the copy)."""
-        bufs = self._sets[self._flip]
+        """Zero-initialised, reused storage for len(like) tensors (rows, H, capacity, Dh): one array
+        (len(like), rows, H, capacity, Dh), returned as its contiguous views (so a step reorders or
+        appends all layers in one numpy call). Spare entries must stay finite, and a fresh allocation
+        per step would page-fault its memory in every time (slower than the copy)."""
+        shape = (len(like), rows, like[0].shape[1], capacity, like[0].shape[3])
+        n = math.prod(shape)
+        buf = self._sets[self._flip]
+        if buf is None or buf.size < n or buf.dtype != like[0].dtype:
+            buf = self._sets[self._flip] = np.zeros(n + n // 2, dtype=like[0].dtype)
         self._flip ^= 1
-        if len(bufs) != len(like):
-            bufs[:] = [None] * len(like)
-        out = []
-        for j, x in enumerate(like):
-            shape = (rows, x.shape[1], capacity, x.shape[3])
-            n = math.prod(shape)
-            buf = bufs[j]
-            if buf is None or buf.size < n or buf.dtype != x.dtype:
-                buf = bufs[j] = np.zeros(n + n // 2, dtype=x.dtype)
-            out.append(buf[:n].reshape(shape))
-        return out
+        self._stack = buf[:n].reshape(shape)
+        self._views = list(self._stack)
+        return self._views
+
+    def _stacked(self, past: list[Any]) -> np.ndarray | None:
+        """The stacked array whose views `past` is (the last buffers()), else None."""
+        if self._stack is None or len(past) != len(self._views):
+            return None
+        return self._stack if all(p is v for p, v in zip(past, self._views, strict=True)) else None
 
     def advance(self, past: list[Any], new: list[Any], rows: np.ndarray | None, t: int) -> list[Any]:
         """The cache of the next step: rows `rows` (None = same rows, same order) of past[:, :, :t] with
         this step's K/V written at index t."""
         capacity = past[0].shape[2]
-        if rows is None and t < capacity:
-            for p, x in zip(past, new, strict=True):
-                p[:, :, t] = x[:, :, 0]
-            return past
-        n_rows = past[0].shape[0] if rows is None else rows.size
-        if t < capacity:
-            dest = self.buffers(past, n_rows, capacity)
-            for p, x, d in zip(past, new, dest, strict=True):
-                np.take(p, rows, axis=0, out=d, mode="clip")  # contiguous; rows are always in range
-                d[:, :, t] = x[rows, :, 0]
+        st = self._stacked(past)
+        if st is not None and t < capacity:
+            fresh = np.stack(new)[:, :, :, 0]  # (2L, rows, H, Dh)
+            if rows is None:
+                st[:, :, :, t] = fresh
+                return past
+            dest = self.buffers(past, rows.size, capacity)
+            np.take(st, rows, axis=1, out=self._stack, mode="clip")  # contiguous; rows are in range
+            self._stack[:, :, :, t] = fresh[:, rows]
             return dest
+        n_rows = past[0].shape[0] if rows is None else rows.size
         dest = self.buffers(past, n_rows, self.slots(t + 1))
         for p, x, d in zip(past, new, dest, strict=True):
             d[:, :, :t] = p[:, :, :t] if rows is None else p[rows, :, :t]
@@ -116,7 +122,8 @@ class NumpyCache:
         return [np.ascontiguousarray(x[idx, :, :src_len]) for x in tensors]
 
     def release(self) -> None:
-        self._sets = [[], []]
+        self._sets = [None, None]
+        self._stack, self._views = None, []
 
 
 class BoundCache:
