@@ -410,3 +410,34 @@ def test_cancellation_drops_row_and_leaves_others_identical(engine: Engine):
     assert engine.translate(TEXTS[:2], opts, lambda: [True, True]) == [None, None]
     with pytest.raises(ValueError, match="flags"):
         engine.translate(TEXTS[:2], opts, lambda: [True])
+
+
+def test_numpy_cache_steps_match_a_plain_reference(engine: Engine):
+    """NumpyCache.advance over its stacked storage (one array for all layers' K and V): appends in place,
+    beam reorders and compactions give the rows and slots a plain concatenation gives, whether `past` is
+    its own stacked views or arrays from elsewhere (after a cancellation's take)."""
+    graphs = engine.generator.graphs
+    cache = NumpyCache(graphs)
+    rng = np.random.default_rng(3)
+    n = 2 * graphs.n_layers
+    h, dh = graphs.n_heads, graphs.head_dim
+
+    def new_kv(rows: int) -> list[np.ndarray]:
+        return [rng.standard_normal((rows, h, 1, dh)).astype(np.float32) for _ in range(n)]
+
+    want = [np.zeros((6, h, 0, dh), np.float32) for _ in range(n)]  # reference: exact-length arrays
+    past = cache.empty_past(6)
+    orders = [None, np.array([0, 0, 2, 1, 4, 5]), None, np.array([5, 4, 3, 2, 1, 0]), np.array([1, 3, 5])]
+    orders += [np.array([2, 2, 0]), None] * 10  # past the first 16 slots: the capacity grows
+    for t, rows in enumerate(orders):
+        if t == 7:  # a cancellation's take hands back plain arrays, not the stacked views
+            past = cache.take(past, np.arange(past[0].shape[0]))
+        new = new_kv(past[0].shape[0])
+        past = cache.advance(past, new, rows, t)
+        idx = np.arange(want[0].shape[0]) if rows is None else rows
+        want = [np.concatenate([w[idx], x[idx]], axis=2) for w, x in zip(want, new, strict=True)]
+        assert len(past) == n and past[0].shape[2] >= t + 1
+        for got, ref in zip(past, want, strict=True):
+            np.testing.assert_array_equal(got[:, :, : t + 1], ref)
+        stack = cache._stack
+        assert stack is not None and all(p.base is not None and np.shares_memory(p, stack) for p in past)
