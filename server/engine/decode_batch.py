@@ -367,15 +367,19 @@ class DecodeBatch:
             (self.keys[r], sorted(fin[r], key=lambda h: -h[1])[: int(self.n_best[r])])
             for r in np.flatnonzero(done).tolist()
         ]
-        keep = ~done
-        kc_next = int(self.beam[keep].max()) if keep.any() else 1
-        perm = self._swap_remove(keep)
-        nb = None if new_beam is None else new_beam[perm, :kc_next]
-        t_keep = self.t[perm]
+        if out:
+            keep = ~done
+            kc_next = int(self.beam[keep].max()) if keep.any() else 1
+            perm = self._swap_remove(keep)
+            kept: np.ndarray | slice = perm
+        else:  # nobody leaves (most steps): the identity, and slices instead of fancy indexing
+            kc_next, perm, kept = kc, np.arange(n), slice(None)
+        nb = None if new_beam is None else new_beam[kept, :kc_next]
+        t_keep = self.t[kept]
         self._compact(perm, kc_next, nb, new_kv)
         if perm.size:
-            self._hist[np.arange(perm.size), :, t_keep] = new_tok[perm, :kc_next]
-            self.tokens = np.ascontiguousarray(new_tok[perm, :kc_next]).reshape(-1, 1)
-            self.scores = np.ascontiguousarray(new_score[perm, :kc_next], dtype=np.float32)
+            self._hist[np.arange(perm.size), :, t_keep] = new_tok[kept, :kc_next]
+            self.tokens = np.ascontiguousarray(new_tok[kept, :kc_next]).reshape(-1, 1)
+            self.scores = np.ascontiguousarray(new_score[kept, :kc_next], dtype=np.float32)
             self.t = self.t + 1
         return out
