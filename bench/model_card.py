@@ -265,7 +265,7 @@ def _curve(history: list[dict]) -> list[str]:
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in history:
-        if r.get("run") == "init":
+        if r.get("run") in ("old-split", "init"):
             lines.append(
                 f"| {r['step']:,} | {r['epoch']} | {r['valid_loss']:.2f} | ({r['valid_bleu']:.1f}: old split) | "
                 f"({r['valid_chrf']:.1f}) | | | {r['train_seconds'] / 3600:.2f} |"
@@ -421,10 +421,18 @@ def render(args: argparse.Namespace) -> str:
         "criterion) and on 400 of all valid pairs; the common UI strings' accepted share.",
         *(
             [
-                "Steps before the first row of this run (`run: init`) were trained on the old split (train without "
-                "held-out sources); their BLEU is on the old valid sample, not comparable."
+                "Rows marked old split (`run: old-split`) were trained and validated on an earlier split of the "
+                "corpus (train without held-out sources); their BLEU is on the old valid sample, not comparable."
             ]
-            if any(row.get("run") == "init" for row in history)
+            if any(row.get("run") in ("old-split", "init") for row in history)
+            else []
+        ),
+        *(
+            [
+                f"Steps up to {max(r['step'] for r in history if r.get('run') == 'parent'):,} are the model this "
+                "run continued (`--init-from`, `run: parent`), validated on the same split."
+            ]
+            if any(row.get("run") == "parent" for row in history)
             else []
         ),  # fmt: skip
         *(

@@ -287,6 +287,13 @@ def describe_scores(r: dict[str, Any]) -> str:
     )
 
 
+def inherited_run(row: dict) -> str:
+    """The label of a validation row an --init-from run inherits from its release: "old-split" for rows
+    validated on an earlier split of the corpus (not comparable; "init" is that label's old name), else
+    "parent": the lineage's own rows, on the valid split the continuation keeps."""
+    return "old-split" if row.get("run") in ("old-split", "init") else "parent"
+
+
 def save_release(model: Transformer, release_dir: Path, tokenizer: Tokenizer, metrics: dict) -> None:
     """Best weights as fp16 safetensors plus config and tokenizer: a self-contained model directory."""
     release_dir.mkdir(parents=True, exist_ok=True)
@@ -538,7 +545,7 @@ def main(argv: list[str] | None = None) -> None:
         model.load_state_dict(released.state_dict())
         release_info = json.loads((args.init_from / "training.json").read_text())
         step = start_step = release_info["best"]["step"]
-        history = [dict(r, run="init") for r in release_info.get("history", [])]
+        history = [dict(r, run=inherited_run(r)) for r in release_info.get("history", [])]
         elapsed_before = release_info["best"].get("train_seconds", 0.0)
         print(f"initialised from {args.init_from} (step {step}); fresh optimizer", file=sys.stderr)
     args.run_dir.mkdir(parents=True, exist_ok=True)
@@ -701,7 +708,7 @@ def main(argv: list[str] | None = None) -> None:
             epoch, epoch_step, epoch_rng = epoch + 1, 0, rng.getstate()
     # the last step may just have been validated (a multiple of valid_every): not twice
     final = history[-1] if history and history[-1]["step"] == step else validate()
-    run = [r for r in history if r.get("run") != "init"]
+    run = [r for r in history if "run" not in r]  # this run's validations (inherited rows are labelled)
     best = max(run or history, key=lambda r: r["valid_bleu"])
     print(
         f"done: {step} steps, {epoch} epochs, {final['train_seconds'] / 60:.1f} min; best novel valid BLEU "

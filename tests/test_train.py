@@ -147,6 +147,10 @@ def test_a_pre_norm_run_keeps_its_model_through_resume_init_from_and_average(
     more = torch.load(tmp_path / "more" / "last.pt", weights_only=False)
     assert more["step"] == 6 and more["model_config"]["norm_first"] and more["train_config"]["norm_first"]
     assert "pre-norm" in capsys.readouterr().err
+    # the release's validations come along labelled as the parent's; this run's own rows are not
+    parent = json.loads((release / "training.json").read_text())["history"]
+    labels = [(r["step"], r.get("run")) for r in more["history"]]
+    assert labels[: len(parent)] == [(r["step"], "parent") for r in parent] and labels[-1] == (6, None)
     out = tmp_path / "avg"
     checkpoints = [str(tmp_path / run / "last.pt") for run in ("once", "more")]
     argv = ["--checkpoints", *checkpoints, "--tokenizer", str(TOKENIZER), "--data", str(tiny_data)]
@@ -299,3 +303,12 @@ def test_snapshots_of_the_last_validations_average_into_a_release(tiny_data, tin
     assert json.loads((out / "config.json").read_text())["dropout"] == 0.1  # the run's, for --init-from
     with pytest.raises(SystemExit):
         average_main(["--checkpoints", str(snaps[0]), "--tokenizer", str(TOKENIZER)])
+
+
+def test_inherited_validations_keep_an_old_split_label():
+    from model.train import inherited_run
+
+    assert inherited_run({"step": 1, "run": "old-split"}) == "old-split"
+    assert inherited_run({"step": 1, "run": "init"}) == "old-split"  # the label's former name
+    assert inherited_run({"step": 1, "run": "parent"}) == "parent"
+    assert inherited_run({"step": 1}) == "parent"
