@@ -144,6 +144,23 @@ def static_quantizer(
     return nodes, inits, f"{p}_u8"
 
 
+def bias_add(
+    node: onnx.NodeProto,
+    inits: dict[str, onnx.TensorProto],
+    consumers: dict[str, list[onnx.NodeProto]],
+    outputs: set[str],
+) -> tuple[onnx.NodeProto, onnx.TensorProto] | None:
+    """(the Add, its (N,) bias initializer) when a quantized GEMM's output goes only to an Add of a
+    constant bias as wide as the weight's columns (the bias then joins the product); else None."""
+    w = constant_weight(node, inits)
+    users = consumers.get(node.output[0], [])
+    if w is None or len(users) != 1 or users[0].op_type != "Add" or node.output[0] in outputs:
+        return None
+    add = users[0]
+    b = inits.get(add.input[1] if add.input[0] == node.output[0] else add.input[0])
+    return (add, b) if b is not None and tuple(b.dims) == (w.dims[1],) else None
+
+
 def relu_folds(
     g: onnx.GraphProto,
     inits: dict[str, onnx.TensorProto],
@@ -152,23 +169,15 @@ def relu_folds(
 ) -> dict[str, str]:
     """{output of a biased GEMM: the Relu activation it feeds} where the static quantizer's 1 / a can be
     folded into that GEMM's column scales and bias (relu(y) / a = relu(y / a) for a > 0, per channel):
-    MatMul (constant weight) -> Add (constant bias) -> Relu, each read only by the next, and the Relu
-    read only by GEMMs with constant weights (the FFN's fc1 -> relu -> fc2). Saves one Mul per FFN."""
+    MatMul (constant weight) -> Add (constant bias, `bias_add`) -> Relu, each read only by the next, and
+    the Relu read only by GEMMs with constant weights (the FFN's fc1 -> relu -> fc2). Saves one Mul per
+    FFN."""
     outputs = {o.name for o in g.output}
     folds = {}
     for node in g.node:
-        w = constant_weight(node, inits)
-        if w is None:
-            continue
-        users = consumers.get(node.output[0], [])
-        if len(users) != 1 or users[0].op_type != "Add" or node.output[0] in outputs:
-            continue
-        add = users[0]
-        bias = add.input[1] if add.input[0] == node.output[0] else add.input[0]
-        relus = consumers.get(add.output[0], [])
-        if bias not in inits or tuple(inits[bias].dims) != (w.dims[1],) or add.output[0] in outputs:
-            continue
-        if len(relus) != 1 or relus[0].op_type != "Relu":
+        biased = bias_add(node, inits, consumers, outputs)
+        relus = consumers.get(biased[0].output[0], []) if biased else []
+        if not biased or biased[0].output[0] in outputs or len(relus) != 1 or relus[0].op_type != "Relu":
             continue
         act = relus[0].output[0]
         readers = consumers.get(act, [])
@@ -233,6 +242,7 @@ def quantize_int8(src: Path, dst: Path, ranges: dict[str, np.ndarray] | None = N
     graph_outputs = {o.name for o in g.output}
     static = activation_scales(g, inits, ranges) if ranges is not None else None
     folds = relu_folds(g, inits, static, consumers) if static is not None else {}
+    prescaled = set(folds.values())  # activations whose 1 / a the GEMM making them already applied
     g.initializer.extend(numpy_helper.from_array(v, k) for k, v in QUANT_CONSTANTS.items())
     quantized: dict[str, tuple[str, str | None]] = {}  # activation -> (uint8 tensor, row scale or None)
     new_nodes: list[onnx.NodeProto] = []
@@ -251,7 +261,7 @@ def quantize_int8(src: Path, dst: Path, ranges: dict[str, np.ndarray] | None = N
                 nodes, xq, sa = row_quantizer(x)
                 quantized[x] = (xq, sa)
             else:
-                nodes, extra, xq = static_quantizer(x, static[x], prescaled=x in folds.values())
+                nodes, extra, xq = static_quantizer(x, static[x], prescaled=x in prescaled)
                 g.initializer.extend(extra)
                 quantized[x] = (xq, None)
             new_nodes += nodes
@@ -270,19 +280,16 @@ def quantize_int8(src: Path, dst: Path, ranges: dict[str, np.ndarray] | None = N
             [numpy_helper.from_array(wq, f"{base}_w"), numpy_helper.from_array(ws, f"{base}_s")]
         )
         out, bias = node.output[0], None
-        users = consumers.get(out, [])
-        if len(users) == 1 and users[0].op_type == "Add" and out not in graph_outputs:
-            add = users[0]
-            other = add.input[1] if add.input[0] == out else add.input[0]
-            b = inits.get(other)
-            if b is not None and tuple(b.dims) == (wq.shape[1],):
-                bias, out = other, add.output[0]
-                if fold is not None:
-                    bias = f"{base}_bias"
-                    scaled_b = numpy_helper.to_array(b).astype(np.float64) / fold
-                    g.initializer.append(numpy_helper.from_array(scaled_b.astype(np.float32), bias))
-                dropped.add(id(add))
-                stats["bias_added"] += 1
+        biased = bias_add(node, inits, consumers, graph_outputs)
+        if biased is not None:
+            add, b = biased
+            bias, out = b.name, add.output[0]
+            if fold is not None:
+                bias = f"{base}_bias"
+                scaled_b = numpy_helper.to_array(b).astype(np.float64) / fold
+                g.initializer.append(numpy_helper.from_array(scaled_b.astype(np.float32), bias))
+            dropped.add(id(add))
+            stats["bias_added"] += 1
         # (x_q - 128) @ w_q * 1.0 * w_scale: static scales live in w_q and the bias joins the op; a per-row
         # scale is not an input this op takes, so the rescale (and then the bias) follows the product.
         inputs = [xq, f"{base}_w", "int8_one", f"{base}_s", "int8_zero_point"]
