@@ -258,6 +258,13 @@ def _convergence(history: list[dict], train_config: dict) -> str:
     )
 
 
+def _old_split(row: dict) -> bool:
+    """Whether a validation row was on an earlier split of the corpus (model.train's labels)."""
+    from model.train import OLD_SPLIT_RUNS
+
+    return row.get("run") in OLD_SPLIT_RUNS
+
+
 def _curve(history: list[dict]) -> list[str]:
     lines = [
         "| step | epoch | valid loss | novel valid BLEU (greedy) | novel chrF | all valid BLEU | common UI strings "
@@ -265,7 +272,7 @@ def _curve(history: list[dict]) -> list[str]:
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in history:
-        if r.get("run") in ("old-split", "init"):
+        if _old_split(r):
             lines.append(
                 f"| {r['step']:,} | {r['epoch']} | {r['valid_loss']:.2f} | ({r['valid_bleu']:.1f}: old split) | "
                 f"({r['valid_chrf']:.1f}) | | | {r['train_seconds'] / 3600:.2f} |"
@@ -424,7 +431,7 @@ def render(args: argparse.Namespace) -> str:
                 "Rows marked old split (`run: old-split`) were trained and validated on an earlier split of the "
                 "corpus (train without held-out sources); their BLEU is on the old valid sample, not comparable."
             ]
-            if any(row.get("run") in ("old-split", "init") for row in history)
+            if any(_old_split(row) for row in history)
             else []
         ),
         *(

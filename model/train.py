@@ -287,11 +287,14 @@ def describe_scores(r: dict[str, Any]) -> str:
     )
 
 
+OLD_SPLIT_RUNS = ("old-split", "init")  # history labels of rows on an earlier split ("init": the old name)
+
+
 def inherited_run(row: dict) -> str:
     """The label of a validation row an --init-from run inherits from its release: "old-split" for rows
-    validated on an earlier split of the corpus (not comparable; "init" is that label's old name), else
-    "parent": the lineage's own rows, on the valid split the continuation keeps."""
-    return "old-split" if row.get("run") in ("old-split", "init") else "parent"
+    validated on an earlier split of the corpus (not comparable), else "parent": the lineage's own rows,
+    on the valid split the continuation keeps."""
+    return "old-split" if row.get("run") in OLD_SPLIT_RUNS else "parent"
 
 
 def save_release(model: Transformer, release_dir: Path, tokenizer: Tokenizer, metrics: dict) -> None:
