@@ -441,3 +441,69 @@ def test_numpy_cache_steps_match_a_plain_reference(engine: Engine):
             np.testing.assert_array_equal(got[:, :, : t + 1], ref)
         stack = cache._stack
         assert stack is not None and all(p.base is not None and np.shares_memory(p, stack) for p in past)
+
+
+def test_bound_decoder_steps_match_plain_runs(engine: Engine):
+    """NumpyCache keeps one IOBinding across steps and binds an input again only when it is another
+    array object: the in-place appends of greedy steps, beam reorders into the other buffer set, capacity
+    growth and compaction must all reach the decoder exactly as a fresh InferenceSession.run sees them."""
+    gen = engine.generator
+    bound = gen.cache
+    assert isinstance(bound, NumpyCache) and bound.bind
+    texts = TEXTS + ["a sentence that runs past the first sixteen slots"]
+    cases = [DecodingOptions(), DecodingOptions(beam_size=4, num_hypotheses=2)]
+    shapes: list[tuple] = []
+    bind_outputs = bound._bind_outputs
+    bound._bind_outputs = lambda io, *key: shapes.append(key) or bind_outputs(io, *key)  # type: ignore[method-assign]
+    try:
+        got = [engine.translate(texts, opts) for opts in cases]
+    finally:
+        del bound._bind_outputs
+    assert shapes  # the bound path ran
+    try:
+        gen.cache = NumpyCache(gen.graphs, bind=False)
+        want = [engine.translate(texts, opts) for opts in cases]
+    finally:
+        gen.cache = bound
+    for g_case, w_case in zip(got, want, strict=True):
+        for g, w in zip(g_case, w_case, strict=True):
+            assert_same_nbest(tokens_and_scores(g), tokens_and_scores(w))
+
+
+def test_bound_step_sees_in_place_writes_and_rebinds_new_objects(engine: Engine):
+    """Bound by address: a write into a bound array reaches the next step without binding it again; a
+    different array object is bound anew; the returned K/V are views of the reused output buffer."""
+    graphs = engine.generator.graphs
+    bound, plain = NumpyCache(graphs), NumpyCache(graphs, bind=False)
+    src = np.full((2, 6), 5, dtype=np.int64)
+    bias, cross = plain.encode(src)
+    rng = np.random.default_rng(0)
+    past = [rng.standard_normal((2, graphs.n_heads, 16, graphs.head_dim)).astype(np.float32)]
+    past = past * (2 * graphs.n_layers)
+
+    def feed(token: int) -> dict[str, np.ndarray]:
+        return {
+            "input_ids": np.full((2, 1), token, dtype=np.int64),
+            "position": np.array([3, 5], dtype=np.int64),
+            "src_bias": bias,
+            "beam_scores": np.zeros((2, 1), dtype=np.float32),
+            "num_candidates": np.array([3], dtype=np.int64),
+        }
+
+    def same(a: tuple, b: tuple) -> None:
+        np.testing.assert_array_equal(a[0], b[0])
+        np.testing.assert_array_equal(a[1], b[1])
+        for x, y in zip(a[2], b[2], strict=True):
+            np.testing.assert_array_equal(x, y)
+
+    same(bound.step(feed(7), cross, past), plain.step(feed(7), cross, past))
+    assert bound._bound["past_key_0"] is past[0]
+    past[0][:, :, :4] += 1.0  # in place: the binding must see it
+    first = bound.step(feed(7), cross, past)
+    same(first, plain.step(feed(7), cross, past))
+    assert all(x.base is bound._out[2] for x in first[2])
+    other = [p.copy() * 0.5 for p in past]  # other objects: bound anew
+    same(bound.step(feed(9), cross, other), plain.step(feed(9), cross, other))
+    assert bound._bound["past_key_0"] is other[0]
+    bound.release()
+    assert bound._io is None and not bound._bound

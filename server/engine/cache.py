@@ -41,7 +41,13 @@ def bind_input(io: Any, name: str, value: Any) -> None:
 class NumpyCache:
     """CPU path: numpy arrays. The self-attention cache has spare capacity along time (a multiple of
     CAPACITY_STEP): in greedy steps the new K/V are written in place (no copy of the cache at all); a
-    beam reorder is one contiguous np.take into a second, reused buffer."""
+    beam reorder is one contiguous np.take into a second, reused buffer.
+
+    The decoder runs through one IOBinding kept across steps: an input is bound again only when the
+    caller passes another array object (the cache's views stay the same objects while greedy steps
+    write into them), and the outputs land in buffers reused from step to step. That saves the
+    per-call conversion of 17 inputs and 8 outputs (15 µs of a 180 µs int8 step at one row).
+    Contract: the new K/V a step returns are views of those buffers, valid until the next step."""
 
     trims_source = True
     CAPACITY_STEP = 16
@@ -52,12 +58,18 @@ class NumpyCache:
         step = NumpyCache.CAPACITY_STEP
         return -(-n // step) * step
 
-    def __init__(self, graphs: Graphs) -> None:
+    def __init__(self, graphs: Graphs, bind: bool = True) -> None:
         self.graphs = graphs
+        self.bind = bind  # False: a plain InferenceSession.run per step (the reference in tests)
         self._sets: list[np.ndarray | None] = [None, None]  # double buffer: never read and write one set
         self._flip = 0
         self._stack: np.ndarray | None = None  # (2L, rows, H, capacity, Dh): the last buffers() made
         self._views: list[np.ndarray] = []  # its 2L views, as handed out
+        self._io: Any = None  # the decoder's IOBinding, kept across steps
+        self._bound: dict[str, np.ndarray] = {}  # what is bound to each input (kept alive here)
+        self._bound_groups: dict[str, tuple[int, ...]] = {}  # ids of the cross / past arrays bound
+        self._out_key: tuple[int, int, int] = (-1, -1, -1)  # (kv rows, sentences, candidates) bound
+        self._out: list[np.ndarray] = []  # topk scores, topk indices, new K/V (2L, rows, H, 1, Dh)
 
     def encode(self, src: np.ndarray) -> tuple[np.ndarray, list[Any]]:
         gr = self.graphs
@@ -69,10 +81,50 @@ class NumpyCache:
 
     def step(self, feed: dict[str, np.ndarray], cross: list[Any], past: list[Any]) -> tuple[Any, ...]:
         gr = self.graphs
-        feed.update(zip(gr.cross_names, cross, strict=True))
-        feed.update(zip(gr.past_names, past, strict=True))
-        out = gr.decoder.run(gr.step_outputs, feed)
-        return out[0], out[1], out[2:]
+        if not self.bind:
+            feed.update(zip(gr.cross_names, cross, strict=True))
+            feed.update(zip(gr.past_names, past, strict=True))
+            out = gr.decoder.run(gr.step_outputs, feed)
+            return out[0], out[1], out[2:]
+        if self._io is None:
+            self._io = gr.decoder.io_binding()
+        io, bound = self._io, self._bound
+        for name, value in feed.items():  # small per-step inputs: copied into buffers bound once
+            mine = bound.get(name)
+            if mine is not None and mine.shape == value.shape and mine.dtype == value.dtype:
+                np.copyto(mine, value)
+            else:
+                bound[name] = mine = np.array(value, order="C")
+                io.bind_cpu_input(name, mine)
+        for names, values in ((gr.cross_names, cross), (gr.past_names, past)):
+            if self._bound_groups.get(names[0]) == tuple(map(id, values)):
+                continue  # the same objects as at the last step (kept alive in `bound`)
+            for name, value in zip(names, values, strict=True):
+                if bound.get(name) is not value:
+                    # bound by address: ONNX Runtime reads the array's memory at every run, so the
+                    # in-place writes of advance() reach the next step without binding again
+                    value = np.ascontiguousarray(value)
+                    io.bind_cpu_input(name, value)
+                    bound[name] = value
+            self._bound_groups[names[0]] = tuple(id(bound[n]) for n in names)
+        key = (feed["input_ids"].shape[0], feed["beam_scores"].shape[0], int(feed["num_candidates"][0]))
+        if key != self._out_key:
+            self._bind_outputs(io, *key)
+        gr.decoder.run_with_iobinding(io)
+        scores, indices, new = self._out
+        return scores.copy(), indices.copy(), list(new)
+
+    def _bind_outputs(self, io: Any, rows: int, sentences: int, candidates: int) -> None:
+        """Fresh output buffers for this shape, bound by address."""
+        gr = self.graphs
+        scores = np.empty((sentences, candidates), dtype=np.float32)
+        indices = np.empty((sentences, candidates), dtype=np.int64)
+        new = np.empty((len(gr.new_kv_names), rows, gr.n_heads, 1, gr.head_dim), dtype=gr.kv_dtype)
+        for name, arr in zip(("topk_scores", "topk_indices"), (scores, indices), strict=True):
+            io.bind_output(name, "cpu", 0, arr.dtype, arr.shape, arr.ctypes.data)
+        for name, arr in zip(gr.new_kv_names, new, strict=True):
+            io.bind_output(name, "cpu", 0, arr.dtype, arr.shape, arr.ctypes.data)
+        self._out, self._out_key = [scores, indices, new], (rows, sentences, candidates)
 
     def buffers(self, like: list[np.ndarray], rows: int, capacity: int) -> list[np.ndarray]:
         """Zero-initialised, reused storage for len(like) tensors (rows, H, capacity, Dh): one array
@@ -101,7 +153,7 @@ class NumpyCache:
         capacity = past[0].shape[2]
         st = self._stacked(past)
         if st is not None and t < capacity:
-            fresh = np.stack(new)[:, :, :, 0]  # (2L, rows, H, Dh)
+            fresh = self._fresh(new)  # (2L, rows, H, Dh)
             if rows is None:
                 st[:, :, :, t] = fresh
                 return past
@@ -116,6 +168,13 @@ class NumpyCache:
             d[:, :, t] = x[:, :, 0] if rows is None else x[rows, :, 0]
         return dest
 
+    def _fresh(self, new: list[Any]) -> np.ndarray:
+        """A step's new K/V as one (2L, rows, H, Dh) array: a view of the output buffer when they are
+        its views (the bound path), else stacked."""
+        if self._out and len(new) == len(self._out[2]) and new[0].base is self._out[2]:
+            return self._out[2][:, :, :, 0]
+        return np.stack(new)[:, :, :, 0]
+
     def take(self, tensors: list[Any], idx: np.ndarray, src_len: int | None = None) -> list[Any]:
         if src_len is None:
             return [np.take(x, idx, axis=0) for x in tensors]
@@ -124,6 +183,11 @@ class NumpyCache:
     def release(self) -> None:
         self._sets = [None, None]
         self._stack, self._views = None, []
+        if self._io is not None:
+            self._io.clear_binding_inputs()
+            self._io.clear_binding_outputs()
+        self._io, self._bound, self._bound_groups = None, {}, {}
+        self._out, self._out_key = [], (-1, -1, -1)
 
 
 class BoundCache:

@@ -65,13 +65,26 @@ class HostRows(Rows):
         self.kv: list[np.ndarray] = []  # 2L x (row_cap, H, T_cap, Dh) self-attention cache
         self.cross: list[np.ndarray] = []  # 2L x (n_cap, H, S, Dh) cross-attention K/V
         self.bias = np.zeros((0, 0), dtype=np.float32)  # (n_cap, S) source bias (-inf = padding)
+        self._past_views: tuple[Any, ...] = (None, 0, [])  # (kv list, rows, views) last handed out
+        self._source_views: tuple[Any, ...] = (None, None, 0, self.bias, [])  # (bias, cross, n, views)
 
     def past(self, rows: int) -> list[Any]:
-        return [p[:rows] for p in self.kv] if rows else []
+        if not rows:
+            return []
+        # The same view objects while the storage and the row count stay: the decoder's binding
+        # (NumpyCache.step) is kept for as long as its inputs are the same objects.
+        memo = self._past_views
+        if memo[0] is not self.kv or memo[1] != rows:
+            memo = self._past_views = (self.kv, rows, [p[:rows] for p in self.kv])
+        return memo[2]
 
     def sources(self, n: int) -> tuple[np.ndarray, list[Any]]:
-        """Source bias and cross K/V of the first n sentences."""
-        return self.bias[:n], [x[:n] for x in self.cross]
+        """Source bias and cross K/V of the first n sentences (the same view objects while they last,
+        as past())."""
+        memo = self._source_views
+        if memo[0] is not self.bias or memo[1] is not self.cross or memo[2] != n:
+            memo = self._source_views = (self.bias, self.cross, n, self.bias[:n], [x[:n] for x in self.cross])
+        return memo[3], memo[4]
 
     def clear(self) -> None:
         pass  # keep the buffers for the next sentences
