@@ -412,12 +412,15 @@ def test_cancellation_drops_row_and_leaves_others_identical(engine: Engine):
         engine.translate(TEXTS[:2], opts, lambda: [True])
 
 
-def test_numpy_cache_steps_match_a_plain_reference(engine: Engine):
+@pytest.mark.parametrize("in_place_share", [0.0, 0.8, 1.0])
+def test_numpy_cache_steps_match_a_plain_reference(engine: Engine, in_place_share: float):
     """NumpyCache.advance over its stacked storage (one array for all layers' K and V): appends in place,
-    beam reorders and compactions give the rows and slots a plain concatenation gives, whether `past` is
-    its own stacked views or arrays from elsewhere (after a cancellation's take)."""
+    beam reorders and compactions (in place, or into the other buffer set: in_place_share) give the rows
+    and slots a plain concatenation gives, whether `past` is its own stacked views or arrays from
+    elsewhere (after a cancellation's take)."""
     graphs = engine.generator.graphs
     cache = NumpyCache(graphs)
+    cache.IN_PLACE_SHARE = in_place_share
     rng = np.random.default_rng(3)
     n = 2 * graphs.n_layers
     h, dh = graphs.n_heads, graphs.head_dim

@@ -51,6 +51,10 @@ class NumpyCache:
 
     trims_source = True
     CAPACITY_STEP = 16
+    # A reorder copies the changed rows' filled slots in place while they are at most this share of
+    # the cache (rows x capacity), else the whole cache into the other buffer set with one np.take:
+    # in place is 1.2-5x faster at 25-75% of the rows changed, np.take as fast when nearly all change.
+    IN_PLACE_SHARE = 0.8
 
     @staticmethod
     def slots(n: Any) -> Any:
@@ -157,7 +161,20 @@ class NumpyCache:
             if rows is None:
                 st[:, :, :, t] = fresh
                 return past
-            dest = self.buffers(past, rows.size, capacity)
+            m = rows.size
+            changed = np.flatnonzero(rows != np.arange(m))
+            if changed.size * t <= self.IN_PLACE_SHARE * m * capacity:
+                # In place: only the rows whose origin changed, only their filled slots (a beam step
+                # keeps most rows; a finished sentence shifts the rest down). The right side is
+                # gathered (copied) before it is written, so sources and destinations may overlap.
+                if changed.size:
+                    st[:, changed, :, :t] = st[:, rows[changed], :, :t]
+                if m < st.shape[1]:
+                    self._stack = st = st[:, :m]  # every layer's view stays contiguous
+                    self._views = list(st)
+                st[:, :, :, t] = fresh[:, rows]
+                return self._views
+            dest = self.buffers(past, m, capacity)
             np.take(st, rows, axis=1, out=self._stack, mode="clip")  # contiguous; rows are in range
             self._stack[:, :, :, t] = fresh[:, rows]
             return dest
