@@ -296,10 +296,14 @@ class Generator:
             keep = ~done
             keep_pos = np.flatnonzero(keep)
             compact = keep_pos.size < n_act
-            # Rows of the next cache: sentence-major, K per sentence, taken from their beam origins.
-            rows = ((keep_pos * K)[:, None] + new_beam[keep_pos]).reshape(-1)
-            if not compact and np.array_equal(rows, np.arange(rows.size)):
-                rows = None  # same rows in the same order: append in place
+            # Rows of the next cache: sentence-major, K per sentence, taken from their beam origins
+            # (None: the same rows in the same order, appended in place; always so in a greedy step
+            # where nobody finished).
+            rows = None
+            if compact or K > 1:
+                rows = ((keep_pos * K)[:, None] + new_beam[keep_pos]).reshape(-1)
+                if not compact and np.array_equal(rows, np.arange(rows.size)):
+                    rows = None
             past = cache.advance(past, new_kv, rows, t)
             if compact:
                 active, lim, n_fin = active[keep_pos], lim[keep_pos], n_fin[keep_pos]
