@@ -40,12 +40,14 @@ below 2^15 on every CPU, so all machines compute the same integers.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from export.onnx_export import SCALE_FOLDS_KEY
 from export.precision import gemm_to_matmul, replace_nodes
 
 WEIGHT_LEVELS = 63  # 7-bit symmetric weights: no int16 saturation in AVX2 u8 x s8 kernels
@@ -197,12 +199,35 @@ def constant_weight(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) ->
     return w if w is not None and len(w.dims) == 2 else None
 
 
+def scale_folds(model: onnx.ModelProto) -> dict[str, list[float]]:
+    """{range key: [first column, end column, factor]}: output columns of a weight that carry a factor
+    the trained weight does not (the attention scale in the queries, export/onnx_export.py records it)."""
+    props = {p.key: p.value for p in model.metadata_props}
+    return json.loads(props[SCALE_FOLDS_KEY]) if SCALE_FOLDS_KEY in props else {}
+
+
+def trained_row_maxima(w: np.ndarray, fold: list[float] | None) -> np.ndarray:
+    """The largest |weight| of each input channel's row (K,) of a (K, N) weight, as trained: a folded
+    column range divided by its factor first, so SmoothQuant picks the same channel scales whether or
+    not the graph carries the fold (a power-of-2 fold then leaves the integer weights unchanged)."""
+    w = np.abs(w.astype(np.float64))
+    if fold is not None:
+        start, end, factor = int(fold[0]), int(fold[1]), float(fold[2])
+        w[:, start:end] /= factor
+    return w.max(axis=1)
+
+
 def activation_scales(
-    g: onnx.GraphProto, inits: dict[str, onnx.TensorProto], ranges: dict[str, np.ndarray]
+    g: onnx.GraphProto,
+    inits: dict[str, onnx.TensorProto],
+    ranges: dict[str, np.ndarray],
+    folds: dict[str, list[float]] | None = None,
 ) -> dict[str, np.ndarray]:
     """Static per-channel scales of every quantized activation: the ranges of the layers reading it (one
     activation may feed several, e.g. the encoder output and every cross-attention K/V) joined by max.
-    Raises ValueError naming the layers the ranges do not cover or cover with the wrong width."""
+    `folds` (scale_folds): weights whose rows are read as trained. Raises ValueError naming the layers
+    the ranges do not cover or cover with the wrong width."""
+    folds = folds or {}
     joined: dict[str, np.ndarray] = {}
     weight_rows: dict[str, np.ndarray] = {}
     problems = []
@@ -217,7 +242,7 @@ def activation_scales(
             problems.append(f"{key} ({why})")
             continue
         x = node.input[0]
-        rows = np.abs(numpy_helper.to_array(w)).max(axis=1)  # (K,)
+        rows = trained_row_maxima(numpy_helper.to_array(w), folds.get(key))  # (K,)
         joined[x] = r if x not in joined else np.maximum(joined[x], r)
         weight_rows[x] = rows if x not in weight_rows else np.maximum(weight_rows[x], rows)
     if problems:
@@ -240,7 +265,7 @@ def quantize_int8(src: Path, dst: Path, ranges: dict[str, np.ndarray] | None = N
         for name in node.input:
             consumers.setdefault(name, []).append(node)
     graph_outputs = {o.name for o in g.output}
-    static = activation_scales(g, inits, ranges) if ranges is not None else None
+    static = activation_scales(g, inits, ranges, scale_folds(model)) if ranges is not None else None
     folds = relu_folds(g, inits, static, consumers) if static is not None else {}
     prescaled = set(folds.values())  # activations whose 1 / a the GEMM making them already applied
     g.initializer.extend(numpy_helper.from_array(v, k) for k, v in QUANT_CONSTANTS.items())

@@ -25,7 +25,9 @@ from export.int8 import (
     quantize_int8,
     quantize_weight,
     range_key,
+    scale_folds,
 )
+from export.onnx_export import export_decoder
 from model.tokenizer import Tokenizer
 from model.train import save_release
 from tests.test_export import TOKENIZER, tiny_model
@@ -140,6 +142,42 @@ def test_the_scale_of_a_relu_activation_is_folded_into_the_product_before_it(tmp
     for i in range(len(x)):  # still batch-invariant
         (alone,) = _run(tmp_path / "int8.onnx", x[i : i + 1])
         assert np.array_equal(alone[0], got[i])
+
+
+def test_the_attention_scale_in_the_queries_leaves_the_integer_weights_as_trained(tmp_path: Path):
+    """The export multiplies the query columns by 1/sqrt(Dh) (no score is scaled in the graph) and records
+    it; int8's SmoothQuant reads those columns as trained, so with Dh a power of 4 the integer weights are
+    those of the trained weights and only the query columns' scales and bias carry the factor."""
+    model = tiny_model(48, seed=3)
+    d, dh = model.config.d_model, model.config.d_model // model.config.n_heads
+    export_decoder(model, tmp_path / "decoder.onnx")
+    raw = onnx.load(str(tmp_path / "decoder.onnx"))
+    folds = scale_folds(raw)
+    n, m = model.config.n_decoder_layers, model.config.n_encoder_layers
+    want = {f"decoder_layers.{i}.{a}" for i in range(n) for a in ("self_attn.qkv", "cross_attn.q")}
+    assert set(folds) == want | {f"encoder_layers.{i}.self_attn.qkv" for i in range(m)}
+    assert all(f == [0, d, 1 / dh**0.5] for f in folds.values())
+    rng = np.random.default_rng(4)
+    linears = [(k, mod.in_features) for k, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)]
+    ranges = {key: np.abs(rng.standard_normal(k)) + 0.5 for key, k in linears}
+    ranges[OUTPUT_PROJECTION] = np.abs(rng.standard_normal(d)) + 0.5
+    quantize_int8(tmp_path / "decoder.onnx", tmp_path / "int8.onnx", ranges)
+    inits = {
+        t.name: numpy_helper.to_array(t) for t in onnx.load(str(tmp_path / "int8.onnx")).graph.initializer
+    }
+    trained = model.decoder_layers[0].self_attn.qkv  # its input (the embeddings) feeds no other GEMM
+    w = trained.weight.detach().numpy().T.astype(np.float64)  # (K, N) as trained, no fold
+    a = channel_scales(ranges["decoder_layers.0.self_attn.qkv"], np.abs(w).max(axis=1))
+    wq, ws = quantize_weight(w * a[:, None])
+    (got_wq,) = [
+        v for k, v in inits.items() if "decoder_layers.0.self_attn.qkv" in k and k.endswith("_int8_w")
+    ]
+    (got_ws,) = [
+        v for k, v in inits.items() if "decoder_layers.0.self_attn.qkv" in k and k.endswith("_int8_s")
+    ]
+    np.testing.assert_array_equal(got_wq, wq)
+    np.testing.assert_array_equal(got_ws[:d], ws[:d] / dh**0.5)  # a power of 2: exact
+    np.testing.assert_array_equal(got_ws[d:], ws[d:])
 
 
 def test_ranges_that_do_not_fit_the_graph_are_refused(tmp_path: Path):
