@@ -124,10 +124,11 @@ def _residual(ln: nn.Module, x: Tensor, y: Tensor, norm_first: bool) -> Tensor:
 
 class LeanEncoderForExport(nn.Module):
     """src_ids -> memory, src_bias, per decoder layer cross K/V: the maths of Transformer.encode +
-    cross_kv in few ONNX nodes: Linears on (B*S, D) rows (one Gemm each), heads split with one Reshape +
-    Transpose from a shape tensor computed once. Post-norm or pre-norm as the model's config says (pre-norm:
-    LayerNorm before each sublayer, and the final `encoder_ln` before memory and the cross K/V). `model`
-    has its attention scale in the queries (`fold_attention_scale`)."""
+    cross_kv in few ONNX nodes: Linears on (B*S, D) rows (one Gemm each), heads split with one Reshape
+    (from a shape tensor computed once), one Transpose and one Split per projection. Post-norm or
+    pre-norm as the model's config says (pre-norm: LayerNorm before each sublayer, and the final
+    `encoder_ln` before memory and the cross K/V). `model` has its attention scale in the queries
+    (`fold_attention_scale`)."""
 
     def __init__(self, model: Transformer) -> None:
         super().__init__()
@@ -143,16 +144,16 @@ class LeanEncoderForExport(nn.Module):
         src_bias = torch.zeros(pad.shape, dtype=torch.float32).masked_fill(masked, float("-inf"))  # (B, S)
         bias4 = src_bias[:, None, None, :]  # (B, 1, 1, S)
         bs = torch._shape_as_tensor(src_ids)  # [B, S]
-        shape3 = torch.cat([bs, torch.tensor([3, h, dh])])
-        shape2 = torch.cat([bs, torch.tensor([2, h, dh])])
+        shape3 = torch.cat([bs, torch.tensor([3 * h, dh])])  # heads of q, k and v side by side
+        shape2 = torch.cat([bs, torch.tensor([2 * h, dh])])
         x = m.embed(src_ids) * m.embed_scale + m.pe[: src_ids.size(1)]  # (B, S, D)
         x = x.reshape(-1, d)  # (B*S, D)
         pre = cfg.norm_first
         for layer in m.encoder_layers:
             sa = layer.self_attn
             u = _sublayer_input(layer.ln1, x, pre)  # (B*S, D)
-            qkv = reshape_from_tensor_shape(F.linear(u, sa.qkv.weight, sa.qkv.bias), shape3)  # (B,S,3,H,Dh)
-            q, k, v = qkv.permute(2, 0, 3, 1, 4)  # 3 x (B, H, S, Dh)
+            qkv = reshape_from_tensor_shape(F.linear(u, sa.qkv.weight, sa.qkv.bias), shape3)  # (B,S,3H,Dh)
+            q, k, v = qkv.transpose(1, 2).split(h, dim=1)  # 3 x (B, H, S, Dh): one Transpose, one Split
             y = _attention(q, k, v, bias4).transpose(1, 2).reshape(-1, d)  # (B*S, D)
             x = _residual(layer.ln1, x, F.linear(y, sa.out.weight, sa.out.bias), pre)
             u = _sublayer_input(layer.ln2, x, pre)
@@ -161,8 +162,8 @@ class LeanEncoderForExport(nn.Module):
         outputs: list[Tensor] = [reshape_from_tensor_shape(x, torch.cat([bs, torch.tensor([d])])), src_bias]
         for layer in m.decoder_layers:
             ca = layer.cross_attn
-            kv = reshape_from_tensor_shape(F.linear(x, ca.kv.weight, ca.kv.bias), shape2)  # (B, S, 2, H, Dh)
-            k, v = kv.permute(2, 0, 3, 1, 4)  # 2 x (B, H, S, Dh)
+            kv = reshape_from_tensor_shape(F.linear(x, ca.kv.weight, ca.kv.bias), shape2)  # (B, S, 2H, Dh)
+            k, v = kv.transpose(1, 2).split(h, dim=1)  # 2 x (B, H, S, Dh)
             outputs += [k, v]
         return tuple(outputs)
 
