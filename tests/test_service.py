@@ -530,11 +530,18 @@ def test_sigterm_drains_in_flight_and_exits_0(server_process, tiny_bundle):
     )
     wait_serving(proc.target, timeout=60)
     result: dict = {}
+    # 64 distinct texts: about 4 s of decoding here, one segment at a time, so the request is still
+    # running when the drain delay is over and new calls are refused (32 took 2 s: too close)
+    texts = [
+        f"{t[:-1]} {w}{t[-1]}" if t[-1] in ".?" else f"{t} {w}"
+        for w in ("please", "first")
+        for t in LONG_TEXTS
+    ]
 
     def long_request() -> None:
         with TranslatorClient(proc.target, timeout=60, retries=0) as c:
             try:
-                result["out"] = c.translate(LONG_TEXTS, **LONG)  # seconds, one segment at a time
+                result["out"] = c.translate(texts, **LONG)
             except TranslatorError as e:
                 result["error"] = e
 
@@ -563,12 +570,12 @@ def test_sigterm_drains_in_flight_and_exits_0(server_process, tiny_bundle):
     assert proc.proc.wait(60) == 0
     assert during_delay
     assert "error" not in result, result.get("error")
-    assert len(result["out"]) == len(LONG_TEXTS)
+    assert len(result["out"]) == len(texts)
     logs = proc.log_lines()
     requests = [r for r in logs if r.get("msg") == "request" and r.get("rpc") == "Translate"]
     assert len(requests) == 1 and requests[0]["status"] == "OK"
     line = requests[0]
-    assert line["segments"] == len(LONG_TEXTS) and line["input_tokens"] > 0 and line["output_tokens"] > 0
+    assert line["segments"] == len(texts) and line["input_tokens"] > 0 and line["output_tokens"] > 0
     assert {"id", "queue_ms", "decode_ms"} <= set(line)
     msgs = [r.get("msg") for r in logs]
     assert msgs.index("received SIGTERM: draining") < msgs.index("shutting down") < msgs.index("stopped")
