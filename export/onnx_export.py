@@ -349,10 +349,78 @@ def export_decoder(model: Transformer, path: Path, opset: int = OPSET) -> None:
     record_scale_folds(path, folds)
 
 
+# Candidate selection: the candidates of a sentence are split into chunks of TOPK_CHUNK (or the largest
+# divisor of the vocabulary below it); see `chunked_topk_nodes`.
+TOPK_CHUNK = 64
+TOPK_MIN_CHUNK = 8  # a vocabulary with no divisor this large keeps the plain TopK
+
+
+def topk_chunk(vocab_size: int) -> int:
+    """The chunk width of `chunked_topk_nodes` for this vocabulary (0: plain TopK)."""
+    c = max(c for c in range(1, TOPK_CHUNK + 1) if vocab_size % c == 0)
+    return c if c >= TOPK_MIN_CHUNK else 0
+
+
+def chunked_topk_nodes(cand: str, k: str, scores: str, indices: str, chunk: int) -> tuple[list, list]:
+    """Nodes computing TopK(cand (B, n), k), largest first, ties to the lower index, exactly as ONNX
+    TopK does, in two stages: each chunk's maximum (ReduceMax over (B, n / chunk, chunk)), the k best
+    chunks (ties to the lower chunk), then TopK over those chunks' candidates kept in index order.
+    Every one of the true top k lies in one of those chunks (each chunk ranked before its chunk holds an
+    element ranked before it), so the result is the same, ties included. ONNX Runtime's TopK scans a
+    row scalar by scalar and ReduceMax is vectorised: over 32 x 8000 candidates (k = 1) 118 -> 28 µs,
+    32 sentences x 4 beams (k = 8) 390 -> 111 µs, one row as fast. Returns (nodes, initializers)."""
+    inits = [
+        numpy_helper.from_array(np.array([0, -1, chunk], dtype=np.int64), "topk_chunk_shape"),
+        numpy_helper.from_array(np.array(chunk, dtype=np.int64), "topk_chunk_width"),
+        numpy_helper.from_array(np.arange(chunk, dtype=np.int64).reshape(1, 1, chunk), "topk_chunk_offsets"),
+    ]
+    nodes = [
+        helper.make_node("Reshape", [cand, "topk_chunk_shape"], ["topk_chunks"], name="topk/chunks"),
+        helper.make_node(
+            "ReduceMax", ["topk_chunks"], ["topk_chunk_max"], axes=[-1], keepdims=0, name="topk/max"
+        ),
+        helper.make_node(
+            "Shape", ["topk_chunk_max"], ["topk_n_chunks"], start=1, end=2, name="topk/n_chunks"
+        ),
+        helper.make_node("Min", [k, "topk_n_chunks"], ["topk_k_chunks"], name="topk/k_chunks"),
+        helper.make_node(
+            "TopK",
+            ["topk_chunk_max", "topk_k_chunks"],
+            ["topk_best_max", "topk_best"],
+            axis=-1,
+            name="topk/best",
+        ),
+        helper.make_node(  # the chosen chunks in index order, so that ties keep their order
+            "TopK",
+            ["topk_best", "topk_k_chunks"],
+            ["topk_in_order", "topk_rank"],
+            axis=-1,
+            largest=0,
+            name="topk/order",
+        ),
+        helper.make_node(
+            "Unsqueeze", ["topk_in_order", "topk_axis2"], ["topk_in_order3"], name="topk/in_order3"
+        ),
+        helper.make_node("Mul", ["topk_in_order3", "topk_chunk_width"], ["topk_starts"], name="topk/starts"),
+        helper.make_node("Add", ["topk_starts", "topk_chunk_offsets"], ["topk_where3"], name="topk/where3"),
+        helper.make_node("Reshape", ["topk_where3", "topk_rows_flat"], ["topk_where"], name="topk/where"),
+        helper.make_node("GatherElements", [cand, "topk_where"], ["topk_kept"], axis=1, name="topk/kept"),
+        helper.make_node("TopK", ["topk_kept", k], [scores, "topk_pos"], axis=-1, name="topk/topk"),
+        helper.make_node(
+            "GatherElements", ["topk_where", "topk_pos"], [indices], axis=1, name="topk/indices"
+        ),
+    ]
+    return nodes, inits
+
+
 def add_topk(path: Path) -> None:
-    """Append candidate selection to the decoder graph: topk over beam_scores + log_probs per sentence."""
+    """Append candidate selection to the decoder graph: topk over beam_scores + log_probs per sentence
+    (`chunked_topk_nodes` when the vocabulary splits into chunks)."""
     model = onnx.load(str(path))
     g = model.graph
+    (log_probs,) = [o for o in g.output if o.name == "log_probs"]
+    vocab = log_probs.type.tensor_type.shape.dim[1].dim_value
+    chunk = topk_chunk(vocab) if vocab else 0
     g.input.extend(
         [
             helper.make_tensor_value_info("beam_scores", TensorProto.FLOAT, ["batch", "beams"]),
@@ -380,6 +448,14 @@ def add_topk(path: Path) -> None:
             helper.make_node("Unsqueeze", ["beam_scores", "topk_axis2"], ["topk_bs3"], name="topk/bs3"),
             helper.make_node("Add", ["topk_bs3", "topk_lp3"], ["topk_cand3"], name="topk/add"),
             helper.make_node("Reshape", ["topk_cand3", "topk_rows_flat"], ["topk_cand"], name="topk/flat"),
+        ]
+    )
+    if chunk:
+        nodes, inits = chunked_topk_nodes("topk_cand", "num_candidates", "topk_scores", "topk_indices", chunk)
+        g.node.extend(nodes)
+        g.initializer.extend(inits)
+    else:
+        g.node.append(
             helper.make_node(
                 "TopK",
                 ["topk_cand", "num_candidates"],
@@ -388,9 +464,8 @@ def add_topk(path: Path) -> None:
                 largest=1,
                 sorted=1,
                 name="topk/topk",
-            ),
-        ]
-    )
+            )
+        )
     g.output.extend(
         [
             helper.make_tensor_value_info("topk_scores", TensorProto.FLOAT, ["batch", "candidates"]),

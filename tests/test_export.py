@@ -245,6 +245,54 @@ def test_topk_is_stable_descending_sort_of_beam_candidates(tiny: TinyBundle):
     assert np.allclose(lp.reshape(n, k, -1)[:, 1], lp.reshape(n, k, -1)[:, 2])
 
 
+@pytest.mark.parametrize("vocab", [8000, 48, 37])
+def test_chunked_topk_is_onnx_topk_ties_and_dead_candidates_included(vocab: int):
+    """The two-stage candidate selection (chunk maxima, then the best chunks in index order) returns
+    exactly what one ONNX TopK returns: the same scores and indices, ties to the lower index, -inf rows
+    and k above the number of chunks included."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    chunk = ox.topk_chunk(vocab)
+    assert chunk and vocab % chunk == 0 and chunk <= ox.TOPK_CHUNK
+    assert ox.topk_chunk(8191) == 0  # a prime vocabulary keeps the plain TopK
+    nodes, inits = ox.chunked_topk_nodes("cand", "k", "scores", "indices", chunk)
+    inits += [
+        numpy_helper.from_array(np.array([0, -1], dtype=np.int64), "topk_rows_flat"),
+        numpy_helper.from_array(np.array([2], dtype=np.int64), "topk_axis2"),
+    ]
+    ins = [
+        helper.make_tensor_value_info("cand", TensorProto.FLOAT, ["B", "n"]),
+        helper.make_tensor_value_info("k", TensorProto.INT64, [1]),
+    ]
+    outs = [
+        helper.make_tensor_value_info("scores", TensorProto.FLOAT, None),
+        helper.make_tensor_value_info("indices", TensorProto.INT64, None),
+    ]
+    plain = [helper.make_node("TopK", ["cand", "k"], ["scores", "indices"], axis=-1)]
+    sessions = [
+        ort.InferenceSession(
+            helper.make_model(
+                helper.make_graph(graph_nodes, "topk", ins, outs, graph_inits),
+                opset_imports=[helper.make_opsetid("", ox.OPSET)],
+            ).SerializeToString(),
+            providers=["CPUExecutionProvider"],
+        )
+        for graph_nodes, graph_inits in ((plain, []), (nodes, inits))
+    ]
+    rng = np.random.default_rng(vocab)
+    for _ in range(150):
+        b, beams = int(rng.integers(1, 6)), int(rng.integers(1, 5))
+        n = beams * vocab
+        k = int(rng.integers(1, min(n, 40) + 1))
+        cand = rng.integers(-20, 5, (b, n)).astype(np.float32)  # few distinct values: many ties
+        cand[rng.random((b, n)) < 0.3] = -np.inf
+        cand[0, : n // 2] = -np.inf if rng.random() < 0.5 else cand[0, : n // 2]
+        feed = {"cand": cand, "k": np.array([k], dtype=np.int64)}
+        want, got = (s.run(None, feed) for s in sessions)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+
+
 def test_spare_cache_capacity_is_ignored(tiny: TinyBundle):
     """Cache entries at index >= position (spare capacity, any finite values) do not change the step."""
     enc = session(tiny.bundle / "fp32" / "encoder.onnx")

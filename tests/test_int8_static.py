@@ -262,8 +262,8 @@ def test_export_uses_the_ranges_of_these_weights_and_falls_back_without_them(tmp
     assert m["int8_activation_scales"] == str(path)
     assert m["parity"]["int8"]["top1_agreement"] >= 0.5
     dec = onnx.load(str(tmp_path / "bundle" / "int8" / "decoder.onnx"))
-    ops = [node.op_type for node in dec.graph.node]
-    assert "QuantizeLinear" in ops and "ReduceMax" not in ops
+    ops = [node.op_type for node in dec.graph.node if not node.name.startswith("topk/")]
+    assert "QuantizeLinear" in ops and "ReduceMax" not in ops  # no per-row scales (candidate selection aside)
 
     # retrained weights: the file is stale, the export says so and quantizes per row at run time
     with torch.no_grad():
