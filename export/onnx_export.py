@@ -368,7 +368,8 @@ def chunked_topk_nodes(cand: str, k: str, scores: str, indices: str, chunk: int)
     Every one of the true top k lies in one of those chunks (each chunk ranked before its chunk holds an
     element ranked before it), so the result is the same, ties included. ONNX Runtime's TopK scans a
     row scalar by scalar and ReduceMax is vectorised: over 32 x 8000 candidates (k = 1) 118 -> 28 µs,
-    32 sentences x 4 beams (k = 8) 390 -> 111 µs, one row as fast. Returns (nodes, initializers)."""
+    32 sentences x 4 beams (k = 8) 390 -> 111 µs, one row as fast. Returns (nodes, initializers); the
+    nodes also read `add_topk`'s constants `topk_rows_flat` and `topk_axis2`."""
     inits = [
         numpy_helper.from_array(np.array([0, -1, chunk], dtype=np.int64), "topk_chunk_shape"),
         numpy_helper.from_array(np.array(chunk, dtype=np.int64), "topk_chunk_width"),

@@ -4,7 +4,9 @@ Both run the encoder and one decoder step and turn a step's new K/V into the nex
 (`advance`: reorder rows by beam origin, append at slot t) and drop rows (`take`):
 
 * `NumpyCache` (CPU): numpy arrays with spare time capacity, all layers' K and V stacked in one array;
-  greedy steps write in place, a beam reorder is one contiguous np.take into a second, reused buffer.
+  greedy steps write in place, a beam reorder copies the changed rows in place (or, when most rows
+  change, takes the whole cache into a second, reused buffer); the decoder reads them through one
+  IOBinding kept across steps.
 * `BoundCache` (IOBinding: CUDA, or the CPU provider in tests): OrtValues on the device, reordered and
   appended there by the bundle's cache graph; only ids, scores and candidates cross the bus.
 
@@ -41,7 +43,8 @@ def bind_input(io: Any, name: str, value: Any) -> None:
 class NumpyCache:
     """CPU path: numpy arrays. The self-attention cache has spare capacity along time (a multiple of
     CAPACITY_STEP): in greedy steps the new K/V are written in place (no copy of the cache at all); a
-    beam reorder is one contiguous np.take into a second, reused buffer.
+    beam reorder copies the changed rows' filled slots in place, or (past IN_PLACE_SHARE) takes the whole
+    cache into a second, reused buffer with one contiguous np.take.
 
     The decoder runs through one IOBinding kept across steps: an input is bound again only when the
     caller passes another array object (the cache's views stay the same objects while greedy steps
@@ -71,7 +74,6 @@ class NumpyCache:
         self._views: list[np.ndarray] = []  # its 2L views, as handed out
         self._io: Any = None  # the decoder's IOBinding, kept across steps
         self._bound: dict[str, np.ndarray] = {}  # what is bound to each input (kept alive here)
-        self._bound_groups: dict[str, tuple[int, ...]] = {}  # ids of the cross / past arrays bound
         self._out_key: tuple[int, int, int] = (-1, -1, -1)  # (kv rows, sentences, candidates) bound
         self._out: list[np.ndarray] = []  # topk scores, topk indices, new K/V (2L, rows, H, 1, Dh)
 
@@ -100,17 +102,13 @@ class NumpyCache:
             else:
                 bound[name] = mine = np.array(value, order="C")
                 io.bind_cpu_input(name, mine)
-        for names, values in ((gr.cross_names, cross), (gr.past_names, past)):
-            if self._bound_groups.get(names[0]) == tuple(map(id, values)):
-                continue  # the same objects as at the last step (kept alive in `bound`)
-            for name, value in zip(names, values, strict=True):
-                if bound.get(name) is not value:
-                    # bound by address: ONNX Runtime reads the array's memory at every run, so the
-                    # in-place writes of advance() reach the next step without binding again
-                    value = np.ascontiguousarray(value)
-                    io.bind_cpu_input(name, value)
-                    bound[name] = value
-            self._bound_groups[names[0]] = tuple(id(bound[n]) for n in names)
+        for name, value in zip((*gr.cross_names, *gr.past_names), (*cross, *past), strict=True):
+            if bound.get(name) is not value:
+                # bound by address: ONNX Runtime reads the array's memory at every run, so the
+                # in-place writes of advance() reach the next step without binding again
+                value = np.ascontiguousarray(value)
+                io.bind_cpu_input(name, value)
+                bound[name] = value
         key = (feed["input_ids"].shape[0], feed["beam_scores"].shape[0], int(feed["num_candidates"][0]))
         if key != self._out_key:
             self._bind_outputs(io, *key)
@@ -203,7 +201,7 @@ class NumpyCache:
         if self._io is not None:
             self._io.clear_binding_inputs()
             self._io.clear_binding_outputs()
-        self._io, self._bound, self._bound_groups = None, {}, {}
+        self._io, self._bound = None, {}
         self._out, self._out_key = [], (-1, -1, -1)
 
 
