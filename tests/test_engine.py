@@ -30,7 +30,7 @@ from server.engine import (
 )
 from server.engine import generator as generator_module
 from server.engine.cache import BoundCache, NumpyCache
-from server.engine.search import select_candidates
+from server.engine.search import _select_by_rule, select_candidates
 from tests.test_export import (
     MAX_LENGTH_CAP,
     TEXTS,
@@ -186,6 +186,33 @@ def test_select_candidates_keeps_rank_order_past_16_candidates():
     assert n_live.tolist() == [K]
     assert new_score.tolist() == [[-1.0 - r for r in live]]
     assert new_beam.tolist() == [[r % K for r in live]] and new_tok.tolist() == [[3 + r // K for r in live]]
+
+
+def test_select_candidates_shortcut_equals_the_general_rule():
+    """The usual step (no EOS and no -inf among a sentence's K best candidates, every sentence at K
+    beams) takes a shortcut: on random steps, with and without EOS / -inf / mixed beam sizes, its
+    outputs equal the general rule's, array for array, dtypes included."""
+    rng = np.random.default_rng(3)
+    V, eos, pad = 7, 2, 0
+    shortcut = 0
+    for trial in range(400):
+        B, K = int(rng.integers(1, 6)), int(rng.integers(1, 5))
+        C = 2 * K if trial % 5 else K  # the guards' cut may leave just K
+        top_s = -np.sort(rng.random((B, C)), axis=1).astype(np.float32) * 4
+        top_s[rng.random((B, C)) < 0.03] = -np.inf
+        top_s = -np.sort(-top_s, axis=1)  # ranked: -inf last
+        top_i = rng.integers(0, K * V, (B, C))
+        if trial % 3 == 0:  # EOS appears
+            top_i[rng.random((B, C)) < 0.2] = eos
+        sizes = np.full(B, K) if trial % 7 else rng.integers(1, K + 1, B)
+        beam = top_i // V
+        got = select_candidates(top_s, top_i, V, eos, pad, sizes, K)
+        want = _select_by_rule(top_s, beam, top_i - beam * V, eos, pad, sizes, K)
+        shortcut += got[3].shape == top_s.shape and got[4].tolist() == [K] * B and not got[3].any()
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            np.testing.assert_array_equal(g, w)
+    assert 100 < shortcut < 400  # both paths ran
 
 
 @pytest.mark.parametrize("k,n_best,alpha", [(4, 1, 0.0), (4, 2, 0.0), (3, 1, 0.6), (5, 2, 0.3)])

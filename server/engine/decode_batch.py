@@ -351,7 +351,8 @@ class DecodeBatch:
             done = at_limit | (self.n_fin >= self.beam) | (n_live == 0)
         for r, seq, norm in endings:
             fin[r].append((seq, norm))
-        if not greedy and (search := np.flatnonzero(~done)).size:
+        # settled() needs n_best finished ones; a row still searching has n_fin of them
+        if not greedy and (search := np.flatnonzero(~done & (self.n_fin >= self.n_best))).size:
             stop = settled(
                 [fin[r] for r in search.tolist()],
                 self.n_best[search].tolist(),

@@ -276,7 +276,8 @@ class Generator:
                 done = at_limit | (n_fin >= K) | (n_live == 0)
             for r, seq, norm in endings:
                 finished[active[r]].append((seq, norm))
-            if not greedy and (search := np.flatnonzero(~done)).size:
+            # settled() needs num_hypotheses finished ones; a row still searching has n_fin of them
+            if not greedy and (search := np.flatnonzero(~done & (n_fin >= num_hypotheses))).size:
                 m = search.size
                 stop = settled(
                     [finished[b] for b in active[search].tolist()],

@@ -56,11 +56,47 @@ def select_candidates(
     score (padded to `width` columns when C < width) and whether it finishes; per sentence the live-beam
     count; and the next `width` rows (dead slots: beam 0, pad token, -inf).
     """
+    beam = top_i // vocab_size
+    tok = top_i - beam * vocab_size
+    n_cand = top_s.shape[1]
+    if n_cand >= width and uniform_beams(beam_sizes, width):
+        head_s = top_s[:, :width]
+        if not (tok[:, :width] == eos_id).any() and (head_s > -np.inf).all():
+            # The usual step: every sentence's K best candidates continue (none is EOS or -inf), so
+            # they are its K live beams in rank order and nothing finishes: the rule below gives
+            # exactly this (a test compares both), in 5 numpy calls instead of about 20.
+            B = top_s.shape[0]
+            return (
+                beam,
+                tok,
+                top_s,
+                np.zeros(top_s.shape, dtype=bool),
+                np.full(B, width),
+                beam[:, :width],
+                tok[:, :width],
+                head_s.astype(np.float32),
+            )
+    return _select_by_rule(top_s, beam, tok, eos_id, pad_id, beam_sizes, width)
+
+
+def uniform_beams(beam_sizes: np.ndarray, width: int) -> bool:
+    """Whether every sentence has `width` beams (the request path's batch; an in-flight batch may mix)."""
+    return bool(beam_sizes.min() == width == beam_sizes.max()) if beam_sizes.size else False
+
+
+def _select_by_rule(
+    top_s: np.ndarray,
+    beam: np.ndarray,
+    tok: np.ndarray,
+    eos_id: int,
+    pad_id: int,
+    beam_sizes: np.ndarray,
+    width: int,
+) -> tuple[np.ndarray, ...]:
+    """select_candidates' rule in general (any EOS, -inf or per-sentence beam size)."""
     K = beam_sizes[:, None]
     n_cand = top_s.shape[1]
     rank = np.arange(n_cand)[None, :]
-    beam = top_i // vocab_size
-    tok = top_i - beam * vocab_size
     finite = (top_s > -np.inf) & (rank < 2 * K)
     is_eos = tok == eos_id
     eos_fin = is_eos & finite & (rank < K)
