@@ -12,8 +12,11 @@ activation scale of its own. Three nodes per GEMM instead of ten (a decoder step
 nodes instead of 322; README, Performance, for the time). Per-channel because a few channels of the
 layer-norm outputs run 5-10x larger than the rest (a per-tensor scale would leave the others a handful
 of levels). A fixed scale computes the same thing for a row alone or in any batch. Where the activation
-is the FFN's relu(fc1(x)), its 1 / a is folded into fc1's column scales and bias (`relu_folds`), so
-that quantizer is the QuantizeLinear alone.
+is the FFN's relu(fc1(x)), its 1 / a is folded into fc1's column scales and bias (`relu_folds`) and the
+Relu into the quantizer (zero point 0: QuantizeLinear saturates at 0), so fc2's quantizer is one
+QuantizeLinear in place of Relu, Mul, QuantizeLinear; where it is a layer norm's output read by products
+only (the last decoder layer's, before the output projection), 1 / a goes into gamma and beta
+(`norm_folds`).
 
 **Per-row activation scales computed at run time** (the fallback without ranges):
 every MatMul with a constant (K, N) weight (the tied output projection included, via `gemm_to_matmul`)
@@ -76,6 +79,7 @@ QUANT_CONSTANTS = {
     "int8_zero_point": np.array(ZERO_POINT, np.uint8),
     "int8_one": np.array(1.0, np.float32),
 }
+RELU_ZERO_POINT = "int8_relu_zero_point"  # 0: QuantizeLinear's saturation at 0 is the Relu itself
 
 
 def range_key(weight_name: str) -> str:
@@ -131,18 +135,19 @@ def row_quantizer(x: str) -> tuple[list[onnx.NodeProto], str, str]:
 
 
 def static_quantizer(
-    x: str, scales: np.ndarray, prescaled: bool = False
+    x: str, scales: np.ndarray, prescaled: bool = False, zero_point: str = "int8_zero_point"
 ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], str]:
     """Nodes quantizing activation `x` with fixed per-channel scales: (nodes, initializers, uint8 name).
-    `prescaled`: x already carries 1 / scales (folded into the GEMM that makes it, `relu_folds`)."""
+    `prescaled`: x already carries 1 / scales (folded into the GEMM or LayerNormalization that makes
+    it: `relu_folds`, `norm_folds`)."""
     p = f"{x}_int8"
     inits, nodes, scaled = [], [], x
     if not prescaled:
         inits = [numpy_helper.from_array((1.0 / scales).astype(np.float32), f"{p}_inv_scale")]
         nodes = [helper.make_node("Mul", [x, f"{p}_inv_scale"], [f"{p}_scaled"])]
         scaled = f"{p}_scaled"
-    # round half to even, + 128, saturated to [0, 255]: one vectorised kernel
-    nodes.append(helper.make_node("QuantizeLinear", [scaled, "int8_one", "int8_zero_point"], [f"{p}_u8"]))
+    # round half to even, + zero point, saturated to [0, 255]: one vectorised kernel
+    nodes.append(helper.make_node("QuantizeLinear", [scaled, "int8_one", zero_point], [f"{p}_u8"]))
     return nodes, inits, f"{p}_u8"
 
 
@@ -173,7 +178,9 @@ def relu_folds(
     folded into that GEMM's column scales and bias (relu(y) / a = relu(y / a) for a > 0, per channel):
     MatMul (constant weight) -> Add (constant bias, `bias_add`) -> Relu, each read only by the next, and
     the Relu read only by GEMMs with constant weights (the FFN's fc1 -> relu -> fc2). Saves one Mul per
-    FFN."""
+    FFN, and the Relu too: its readers quantize the Relu's input with zero point 0 instead of 128, and
+    QuantizeLinear's saturation at 0 is the Relu (relu(y) / a in [0, 127.5) gives the same integers as
+    before; larger values, which saturated at 127, now reach 255)."""
     outputs = {o.name for o in g.output}
     folds = {}
     for node in g.node:
@@ -190,6 +197,36 @@ def relu_folds(
             and all(constant_weight(r, inits) is not None and r.input[0] == act for r in readers)
         ):
             folds[node.output[0]] = act
+    return folds
+
+
+def norm_folds(
+    g: onnx.GraphProto,
+    inits: dict[str, onnx.TensorProto],
+    static: dict[str, np.ndarray],
+    consumers: dict[str, list[onnx.NodeProto]],
+) -> dict[str, onnx.NodeProto]:
+    """{activation: the LayerNormalization making it} where the static quantizer's 1 / a can be folded
+    into that layer norm's scale and bias (LN(x) / a = LN with gamma / a and beta / a, per channel): the
+    output is read only by GEMMs with constant weights (the last decoder layer's norm before the output
+    projection, the encoder's last norm before the cross-attention K/V) and is no graph output, and
+    gamma and beta are constants read by no other node. A residual reads every other norm's output."""
+    outputs = {o.name for o in g.output}
+    folds = {}
+    for node in g.node:
+        if node.op_type != "LayerNormalization" or len(node.input) != 3 or len(node.output) != 1:
+            continue
+        act = node.output[0]
+        readers = consumers.get(act, [])
+        params = node.input[1:]
+        if (
+            act in static
+            and act not in outputs
+            and readers
+            and all(constant_weight(r, inits) is not None and r.input[0] == act for r in readers)
+            and all(p in inits and len(consumers.get(p, [])) == 1 for p in params)
+        ):
+            folds[act] = node
     return folds
 
 
@@ -267,12 +304,33 @@ def quantize_int8(src: Path, dst: Path, ranges: dict[str, np.ndarray] | None = N
     graph_outputs = {o.name for o in g.output}
     static = activation_scales(g, inits, ranges, scale_folds(model)) if ranges is not None else None
     folds = relu_folds(g, inits, static, consumers) if static is not None else {}
-    prescaled = set(folds.values())  # activations whose 1 / a the GEMM making them already applied
+    norms = norm_folds(g, inits, static, consumers) if static is not None else {}
+    prescaled = set(folds.values()) | set(norms)  # activations whose 1 / a their maker already applied
     g.initializer.extend(numpy_helper.from_array(v, k) for k, v in QUANT_CONSTANTS.items())
-    quantized: dict[str, tuple[str, str | None]] = {}  # activation -> (uint8 tensor, row scale or None)
-    new_nodes: list[onnx.NodeProto] = []
     dropped: set[int] = set()
-    stats = {"quantized": 0, "activations": 0, "bias_added": 0}
+    relu_input = {}  # Relu output -> its input, quantized in its place (the Relu node goes)
+    for node in g.node:
+        if node.op_type == "Relu" and node.output[0] in prescaled:
+            relu_input[node.output[0]] = node.input[0]
+            dropped.add(id(node))
+    if relu_input:
+        g.initializer.append(numpy_helper.from_array(np.array(0, np.uint8), RELU_ZERO_POINT))
+    replaced = set()
+    for act, norm in norms.items():  # gamma / a and beta / a, in place of gamma and beta
+        inv = 1.0 / static[act]
+        for i, suffix in ((1, "scale"), (2, "bias")):
+            v = numpy_helper.to_array(inits[norm.input[i]]).astype(np.float64) * inv
+            g.initializer.append(numpy_helper.from_array(v.astype(np.float32), f"{act}_int8_norm_{suffix}"))
+            replaced.add(norm.input[i])
+            norm.input[i] = f"{act}_int8_norm_{suffix}"
+    if replaced:  # read by that norm alone (norm_folds)
+        kept = [t for t in g.initializer if t.name not in replaced]
+        del g.initializer[:]
+        g.initializer.extend(kept)
+    # activation -> (uint8 tensor, row scale or None, zero point)
+    quantized: dict[str, tuple[str, str | None, str]] = {}
+    new_nodes: list[onnx.NodeProto] = []
+    stats = {"quantized": 0, "activations": 0, "bias_added": 0, "folded": len(norms) + len(relu_input)}
     for node in g.node:
         if id(node) in dropped:
             continue
@@ -284,14 +342,17 @@ def quantize_int8(src: Path, dst: Path, ranges: dict[str, np.ndarray] | None = N
         if x not in quantized:
             if static is None:
                 nodes, xq, sa = row_quantizer(x)
-                quantized[x] = (xq, sa)
+                quantized[x] = (xq, sa, "int8_zero_point")
             else:
-                nodes, extra, xq = static_quantizer(x, static[x], prescaled=x in prescaled)
+                zp = RELU_ZERO_POINT if x in relu_input else "int8_zero_point"
+                nodes, extra, xq = static_quantizer(
+                    relu_input.get(x, x), static[x], prescaled=x in prescaled, zero_point=zp
+                )
                 g.initializer.extend(extra)
-                quantized[x] = (xq, None)
+                quantized[x] = (xq, None, zp)
             new_nodes += nodes
             stats["activations"] += 1
-        xq, sa = quantized[x]
+        xq, sa, zp = quantized[x]
         w = numpy_helper.to_array(w_init).astype(np.float64)
         if static is not None:
             w = w * static[x][:, None]  # x_q carries x / a: the weight's rows carry a
@@ -317,7 +378,7 @@ def quantize_int8(src: Path, dst: Path, ranges: dict[str, np.ndarray] | None = N
             stats["bias_added"] += 1
         # (x_q - 128) @ w_q * 1.0 * w_scale: static scales live in w_q and the bias joins the op; a per-row
         # scale is not an input this op takes, so the rescale (and then the bias) follows the product.
-        inputs = [xq, f"{base}_w", "int8_one", f"{base}_s", "int8_zero_point"]
+        inputs = [xq, f"{base}_w", "int8_one", f"{base}_s", zp]
         if sa is None:
             inputs += ["", *([bias] if bias else [])]
         new_nodes.append(

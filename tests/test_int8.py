@@ -82,7 +82,7 @@ def test_graph_matches_the_exact_integer_product_even_where_avx2_would_saturate(
     x[1] = 0.0  # an all-zero row: tiny scale, no NaN
     _graph(tmp_path / "fp32.onnx", {"w": w})
     stats = quantize_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx")
-    assert stats == {"quantized": 1, "activations": 1, "bias_added": 0}
+    assert stats == {"quantized": 1, "activations": 1, "bias_added": 0, "folded": 0}
     (got,) = _run(tmp_path / "int8.onnx", x)
     want = _reference(x, w)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
@@ -110,7 +110,7 @@ def test_shared_input_is_quantized_once_and_bias_is_kept(tmp_path: Path):
     bias = rng.standard_normal(16).astype(np.float32)
     _graph(tmp_path / "fp32.onnx", ws, bias)
     stats = quantize_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx")
-    assert stats == {"quantized": 3, "activations": 1, "bias_added": 1}
+    assert stats == {"quantized": 3, "activations": 1, "bias_added": 1, "folded": 0}
     ops = [n.op_type for n in onnx.load(str(tmp_path / "int8.onnx")).graph.node]
     assert ops.count("ReduceMax") == 1 and ops.count("MatMulIntegerToFloat") == 3 and "MatMul" not in ops
     x = rng.standard_normal((4, 32)).astype(np.float32)

@@ -36,12 +36,15 @@ from tests.test_int8 import _graph, _run
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
 
-def _static_reference(x: np.ndarray, w: np.ndarray, ranges: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def _static_reference(
+    x: np.ndarray, w: np.ndarray, ranges: np.ndarray, rows: np.ndarray, zero_point: int = ZERO_POINT
+) -> np.ndarray:
     """The integer computation the static graph stands for, in numpy (int64; only uint8 saturates).
-    rows: the largest |weight| of each input channel over the layers reading x."""
+    rows: the largest |weight| of each input channel over the layers reading x. zero_point 0: a Relu's
+    input, which the quantizer's saturation at 0 rectifies."""
     a = channel_scales(ranges, rows)
     scaled = x * (1.0 / a).astype(np.float32)
-    xq = np.clip(np.rint(scaled) + ZERO_POINT, 0, 255).astype(np.int64) - ZERO_POINT  # rint: half to even
+    xq = np.clip(np.rint(scaled) + zero_point, 0, 255).astype(np.int64) - zero_point  # rint: half to even
     wq, ws = quantize_weight(w.astype(np.float64) * a[:, None])
     return (xq @ wq.astype(np.int64)).astype(np.float32) * ws
 
@@ -61,7 +64,7 @@ def test_static_graph_is_the_exact_integer_product_and_saturates_out_of_range(tm
     ranges[7] = 40.0  # an outlier channel, as layer-norm outputs have: the others keep their resolution
     _graph(tmp_path / "fp32.onnx", {"w": w})
     stats = quantize_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", {"w": ranges})
-    assert stats == {"quantized": 1, "activations": 1, "bias_added": 0}
+    assert stats == {"quantized": 1, "activations": 1, "bias_added": 0, "folded": 0}
     x = (rng.standard_normal((6, k)) * ranges * 0.5).astype(np.float32)
     x[3, 0] = 10 * ranges[0]  # beyond the measured range: clipped to the largest level, not wrapped
     (got,) = _run(tmp_path / "int8.onnx", x)
@@ -83,7 +86,7 @@ def test_static_shared_input_is_quantized_once_with_the_bias_inside_the_product(
     ranges = {name: np.abs(rng.standard_normal(32)) + 0.2 for name in ws}
     _graph(tmp_path / "fp32.onnx", ws, bias)
     stats = quantize_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", ranges)
-    assert stats == {"quantized": 3, "activations": 1, "bias_added": 1}
+    assert stats == {"quantized": 3, "activations": 1, "bias_added": 1, "folded": 0}
     ops = [node.op_type for node in onnx.load(str(tmp_path / "int8.onnx")).graph.node]
     assert ops.count("QuantizeLinear") == 1 and ops.count("MatMulIntegerToFloat") == 3
     assert {"MatMul", "Add", "ReduceMax", "Div"}.isdisjoint(ops)
@@ -120,28 +123,79 @@ def test_the_scale_of_a_relu_activation_is_folded_into_the_product_before_it(tmp
     ranges = {"w1": np.abs(x).max(axis=0), "w2": np.maximum(x @ w1 + b1, 0).max(axis=0)}  # "calibrated" on x
     _ffn_graph(tmp_path / "fp32.onnx", w1, b1, w2)
     stats = quantize_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", ranges)
-    assert stats == {"quantized": 2, "activations": 2, "bias_added": 1}
+    assert stats == {"quantized": 2, "activations": 2, "bias_added": 1, "folded": 1}
     graph = onnx.load(str(tmp_path / "int8.onnx")).graph
     ops = [node.op_type for node in graph.node]
-    # x's quantizer keeps its Mul; relu(h)'s 1 / a rides in fc1's column scales and bias
-    assert ops == [
-        "Mul",
-        "QuantizeLinear",
-        "MatMulIntegerToFloat",
-        "Relu",
-        "QuantizeLinear",
-        "MatMulIntegerToFloat",
-    ]
+    # x's quantizer keeps its Mul; relu(h)'s 1 / a rides in fc1's column scales and bias, and the Relu
+    # is the second quantizer's saturation at its zero point 0
+    assert ops == ["Mul", "QuantizeLinear", "MatMulIntegerToFloat", "QuantizeLinear", "MatMulIntegerToFloat"]
+    x[0] *= 2.5  # past the calibrated range: relu(h) / a now goes beyond 127 (up to 255)
     (got,) = _run(tmp_path / "int8.onnx", x)
     # the integer computation without the fold: relu(fc1) rescaled by 1 / a, then quantized (numpy)
     h = _static_reference(x, w1, ranges["w1"], np.abs(w1).max(axis=1)) + b1
-    want = _static_reference(np.maximum(h, 0), w2, ranges["w2"], np.abs(w2).max(axis=1))
+    want = _static_reference(np.maximum(h, 0), w2, ranges["w2"], np.abs(w2).max(axis=1), zero_point=0)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=0.02 * np.abs(want).max())
+    a2 = channel_scales(ranges["w2"], np.abs(w2).max(axis=1))
+    assert (np.maximum(h[0], 0) / a2).max() > 140  # the row really reaches past the old limit
+    x = x[1:]
+    (got,) = _run(tmp_path / "int8.onnx", x)
     exact = np.maximum(x @ w1 + b1, 0) @ w2
     assert np.abs(got - exact).max() <= 0.05 * np.abs(exact).max()
     for i in range(len(x)):  # still batch-invariant
         (alone,) = _run(tmp_path / "int8.onnx", x[i : i + 1])
         assert np.array_equal(alone[0], got[i])
+
+
+def _norm_graph(path: Path, gamma: np.ndarray, beta: np.ndarray, ws: dict, residual: bool) -> None:
+    """x -> LayerNormalization -> n -> MatMul(w) per weight (-> y_w); residual: y = n + MatMul(n, w0)."""
+    nodes = [helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["n"], axis=-1, epsilon=1e-5)]
+    nodes += [helper.make_node("MatMul", ["n", name], [f"y_{name}"]) for name in ws]
+    outs = [f"y_{name}" for name in ws]
+    if residual:
+        nodes.append(helper.make_node("Add", ["n", outs[0]], ["res"]))
+        outs[0] = "res"
+    inits = [numpy_helper.from_array(a, n) for n, a in (("gamma", gamma), ("beta", beta), *ws.items())]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", gamma.size])
+    ys = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs]
+    graph = helper.make_graph(nodes, "norm", [x], ys, inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_the_scale_of_a_norm_read_only_by_products_is_folded_into_the_norm(tmp_path: Path, residual: bool):
+    """A layer norm's output read by constant-weight products only (the last decoder layer's before the
+    output projection, the encoder's last before the cross-attention K/V) carries its 1 / a in gamma and
+    beta: no Mul. One a residual also reads keeps its Mul."""
+    rng = np.random.default_rng(9)
+    d = 32
+    gamma = (rng.standard_normal(d) + 1.0).astype(np.float32)
+    gamma[3] = 8.0  # an outlier channel
+    beta = (rng.standard_normal(d) * 0.3).astype(np.float32)
+    ws = {f"w{j}": rng.standard_normal((d, d)).astype(np.float32) for j in range(2)}
+    x = (rng.standard_normal((6, d)) * 3 + 1).astype(np.float32)
+    mean, var = x.mean(axis=1, keepdims=True), x.var(axis=1, keepdims=True)
+    n = ((x - mean) / np.sqrt(var + 1e-5) * gamma + beta).astype(np.float32)
+    ranges = {name: np.abs(n).max(axis=0) for name in ws}
+    _norm_graph(tmp_path / "fp32.onnx", gamma, beta, ws, residual)
+    stats = quantize_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", ranges)
+    assert stats["folded"] == (0 if residual else 1)
+    model = onnx.load(str(tmp_path / "int8.onnx"))
+    ops = [node.op_type for node in model.graph.node]
+    assert ops.count("Mul") == (1 if residual else 0) and ops.count("QuantizeLinear") == 1
+    assert ops.count("LayerNormalization") == 1
+    names = {t.name for t in model.graph.initializer}
+    assert ("gamma" in names) == residual  # a replaced gamma and beta do not stay behind
+    got = _run(tmp_path / "int8.onnx", x)
+    rows = np.maximum.reduce([np.abs(w).max(axis=1) for w in ws.values()])
+    joined = np.maximum.reduce(list(ranges.values()))
+    for j, w in enumerate(ws.values()):
+        want = _static_reference(n, w, joined, rows) + (n if residual and j == 0 else 0)
+        # the fold rounds gamma / a instead of LN(x) * (1 / a): a level apart at most, rarely
+        assert np.abs(got[j] - want).max() <= 2 * np.abs(quantize_weight(w * 1.0)[1]).max() * joined.max()
+        assert np.abs(got[j] - want).mean() <= 1e-3 * np.abs(want).max()
+    for i in range(len(x)):  # still batch-invariant
+        alone = _run(tmp_path / "int8.onnx", x[i : i + 1])
+        assert all(np.array_equal(a[0], g[i]) for a, g in zip(alone, got, strict=True))
 
 
 def test_the_attention_scale_in_the_queries_leaves_the_integer_weights_as_trained(tmp_path: Path):
