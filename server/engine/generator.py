@@ -261,7 +261,7 @@ class Generator:
             ts, lp_of = [t] * n_act, lambda r, lp=lp: lp  # every row is at step t
             if greedy:
                 tok, s, is_eos, ends, done = select_greedy(top_s, top_i, eos, at_limit)
-                new_beam = np.zeros((n_act, 1), dtype=np.int64)
+                new_beam = None  # every row continues itself
                 new_tok = np.ascontiguousarray(tok).reshape(-1, 1)
                 new_score = np.ascontiguousarray(s).reshape(-1, 1)
                 endings = greedy_endings(hist, ts, lp_of, tok, s, is_eos, ends)
@@ -301,7 +301,9 @@ class Generator:
             # (None: the same rows in the same order, appended in place; always so in a greedy step
             # where nobody finished).
             rows = None
-            if compact or K > 1:
+            if new_beam is None:
+                rows = keep_pos if compact else None
+            elif compact or K > 1:
                 rows = ((keep_pos * K)[:, None] + new_beam[keep_pos]).reshape(-1)
                 if not compact and np.array_equal(rows, np.arange(rows.size)):
                     rows = None
@@ -309,7 +311,9 @@ class Generator:
             if compact:
                 active, lim, n_fin = active[keep_pos], lim[keep_pos], n_fin[keep_pos]
                 bias, cross = self._compact_source(bias, cross, keep_pos, src_lens[active])
-                new_beam, new_tok, new_score = new_beam[keep_pos], new_tok[keep_pos], new_score[keep_pos]
+                new_tok, new_score = new_tok[keep_pos], new_score[keep_pos]
+                if new_beam is not None:
+                    new_beam = new_beam[keep_pos]
                 hist = hist[keep_pos]
             if K > 1:
                 hist = hist[np.arange(hist.shape[0])[:, None], new_beam]  # (B', K, max_len)
