@@ -30,6 +30,7 @@ from server.engine.search import (
     select_candidates,
     select_greedy,
     settled,
+    swap_remove,
 )
 
 __all__ = ["DecodeBatch", "DecodeItem"]
@@ -132,17 +133,6 @@ class DecodeBatch:
 
     # ----------------------------------------------------------------------------------- storage
 
-    @staticmethod
-    def _swap_remove(keep: np.ndarray) -> np.ndarray:
-        """perm (n',): new sentence i is old sentence perm[i]. Kept sentences past the new end move
-        into the holes left by leaving ones; everything else stays where it is."""
-        n_new = int(keep.sum())
-        perm = np.arange(n_new)
-        holes = np.flatnonzero(~keep[:n_new])
-        if holes.size:
-            perm[holes] = n_new + np.flatnonzero(keep[n_new:])
-        return perm
-
     def _apply_perm_meta(self, perm: np.ndarray) -> None:
         idx = perm.tolist()
         self.keys = [self.keys[i] for i in idx]
@@ -177,7 +167,7 @@ class DecodeBatch:
     def _compact(
         self, perm: np.ndarray, kc_next: int, nb: np.ndarray | None, new_kv: list[Any] | None
     ) -> None:
-        """Keep sentences perm (new sentence i = old perm[i], from _swap_remove) with kc_next rows each,
+        """Keep sentences perm (new sentence i = old perm[i], from swap_remove) with kc_next rows each,
         row k of sentence i taken from its row nb[i, k] (None: rows 0..kc_next-1, no reorder), plus this
         step's K/V of those rows written at their sentence's position when new_kv is given. Per-sentence
         metadata, cache, sources and history follow; tokens and scores are the caller's."""
@@ -299,7 +289,7 @@ class DecodeBatch:
         kc, n = self.kc, len(self.keys)
         kc_next = int(self.beam[keep].max()) if keep.any() else 1
         tokens, scores = self.tokens.reshape(n, kc), self.scores
-        perm = self._swap_remove(keep)
+        perm = swap_remove(keep)
         self._compact(perm, kc_next, None, None)
         self.tokens = np.ascontiguousarray(tokens[perm, :kc_next]).reshape(-1, 1)
         self.scores = np.ascontiguousarray(scores[perm, :kc_next])
@@ -371,7 +361,7 @@ class DecodeBatch:
         if out:
             keep = ~done
             kc_next = int(self.beam[keep].max()) if keep.any() else 1
-            perm = self._swap_remove(keep)
+            perm = swap_remove(keep)
             kept: np.ndarray | slice = perm
         else:  # nobody leaves (most steps): the identity, and slices instead of fancy indexing
             kc_next, perm, kept = kc, np.arange(n), slice(None)

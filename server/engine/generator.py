@@ -42,6 +42,7 @@ from server.engine.search import (
     select_candidates,
     select_greedy,
     settled,
+    swap_remove,
 )
 from server.engine.sessions import Graphs, open_sessions, physical_cores
 
@@ -297,6 +298,8 @@ class Generator:
             keep = ~done
             keep_pos = np.flatnonzero(keep)
             compact = keep_pos.size < n_act
+            if compact:  # the last kept sentences take the leavers' places: few rows move
+                keep_pos = swap_remove(keep)
             # Rows of the next cache: sentence-major, K per sentence, taken from their beam origins
             # (None: the same rows in the same order, appended in place; always so in a greedy step
             # where nobody finished).
@@ -310,7 +313,7 @@ class Generator:
             past = cache.advance(past, new_kv, rows, t)
             if compact:
                 active, lim, n_fin = active[keep_pos], lim[keep_pos], n_fin[keep_pos]
-                bias, cross = self._compact_source(bias, cross, keep_pos, src_lens[active])
+                bias, cross = self._compact_source(bias, cross, keep_pos, src_lens[active], swapped=True)
                 new_tok, new_score = new_tok[keep_pos], new_score[keep_pos]
                 if new_beam is not None:
                     new_beam = new_beam[keep_pos]
@@ -327,15 +330,31 @@ class Generator:
         return self._results(finished, dropped, num_hypotheses)
 
     def _compact_source(
-        self, bias: np.ndarray, cross: list[Any], keep_pos: np.ndarray, kept_src_lens: np.ndarray
+        self,
+        bias: np.ndarray,
+        cross: list[Any],
+        keep_pos: np.ndarray,
+        kept_src_lens: np.ndarray,
+        swapped: bool = False,
     ) -> tuple[np.ndarray, list[Any]]:
-        """Drop finished sentences from the per-sentence tensors (and trim the source axis on CPU)."""
+        """Drop finished sentences from the per-sentence tensors (and trim the source axis on CPU).
+        swapped: keep_pos is a swap_remove permutation, so on the CPU, when the source axis stays, the
+        moved sentences are copied into the leavers' places and the rest stays in place."""
         if keep_pos.size == 0:
             return bias[:0], cross
         if self.cache.trims_source:
             s = self.source_width(kept_src_lens)
             if s < bias.shape[1]:
                 return np.ascontiguousarray(bias[keep_pos, :s]), self.cache.take(cross, keep_pos, s)
+            if swapped:
+                n = keep_pos.size
+                holes = np.flatnonzero(keep_pos != np.arange(n))
+                if holes.size:  # sources lie past the new end: nothing is read after it is written
+                    src = keep_pos[holes]
+                    bias[holes] = bias[src]
+                    for x in cross:
+                        x[holes] = x[src]
+                return bias[:n], [x[:n] for x in cross]
         return bias[keep_pos], self.cache.take(cross, keep_pos)
 
     def _encode(self, sources: list[Sequence[int]]) -> tuple[np.ndarray, list[Any]]:

@@ -33,6 +33,7 @@ __all__ = [
     "select_candidates",
     "select_greedy",
     "settled",
+    "swap_remove",
 ]
 
 NBest = list[tuple[list[int], float]]  # (tokens, length-normalised score) per hypothesis, best first
@@ -133,6 +134,18 @@ def select_greedy(
     ends = is_eos | (at_limit & finite)
     done = is_eos | at_limit | ~finite
     return tok, score, is_eos, ends, done
+
+
+def swap_remove(keep: np.ndarray) -> np.ndarray:
+    """perm (n',) for keeping the rows `keep` (n,) marks: new row i is old row perm[i]. Kept rows past
+    the new end move into the holes left by leaving ones; everything else stays where it is, so a
+    compaction copies as many rows as left instead of every row after the first leaver."""
+    n_new = int(keep.sum())
+    perm = np.arange(n_new)
+    holes = np.flatnonzero(~keep[:n_new])
+    if holes.size:
+        perm[holes] = n_new + np.flatnonzero(keep[n_new:])
+    return perm
 
 
 Ending = tuple[int, list[int], float]  # (row, tokens, length-normalised score) of a finished hypothesis
