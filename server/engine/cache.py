@@ -24,7 +24,7 @@ import numpy as np
 from runtime.bundle import BundleError
 from server.engine.sessions import Graphs
 
-__all__ = ["BoundCache", "NumpyCache", "bind_input", "shape_of"]
+__all__ = ["BoundCache", "NumpyCache", "bind_input", "move_rows", "shape_of"]
 
 
 def shape_of(x: Any) -> tuple[int, ...]:
@@ -38,6 +38,16 @@ def bind_input(io: Any, name: str, value: Any) -> None:
         io.bind_cpu_input(name, value)
     else:
         io.bind_ortvalue_input(name, value)
+
+
+def move_rows(tensors: list[np.ndarray], perm: np.ndarray) -> None:
+    """Row i of every tensor becomes old row perm[i] (a swap_remove permutation, in place): only the
+    holes change, and their sources lie past the new end, so nothing is read after it is written."""
+    moved = np.flatnonzero(perm != np.arange(perm.size))
+    if moved.size:
+        src = perm[moved]
+        for x in tensors:
+            x[moved] = x[src]
 
 
 class NumpyCache:

@@ -31,7 +31,7 @@ import numpy as np
 import onnxruntime as ort
 
 from runtime.decoding import gnmt_length_penalty
-from server.engine.cache import BoundCache, NumpyCache
+from server.engine.cache import BoundCache, NumpyCache, move_rows
 from server.engine.search import (
     NBest,
     apply_guards,
@@ -296,10 +296,8 @@ class Generator:
             if done.all():
                 break
             keep = ~done
-            keep_pos = np.flatnonzero(keep)
+            keep_pos = swap_remove(keep)  # the last kept sentences take the leavers' places
             compact = keep_pos.size < n_act
-            if compact:  # the last kept sentences take the leavers' places: few rows move
-                keep_pos = swap_remove(keep)
             # Rows of the next cache: sentence-major, K per sentence, taken from their beam origins
             # (None: the same rows in the same order, appended in place; always so in a greedy step
             # where nobody finished).
@@ -347,13 +345,8 @@ class Generator:
             if s < bias.shape[1]:
                 return np.ascontiguousarray(bias[keep_pos, :s]), self.cache.take(cross, keep_pos, s)
             if swapped:
+                move_rows([bias, *cross], keep_pos)
                 n = keep_pos.size
-                holes = np.flatnonzero(keep_pos != np.arange(n))
-                if holes.size:  # sources lie past the new end: nothing is read after it is written
-                    src = keep_pos[holes]
-                    bias[holes] = bias[src]
-                    for x in cross:
-                        x[holes] = x[src]
                 return bias[:n], [x[:n] for x in cross]
         return bias[keep_pos], self.cache.take(cross, keep_pos)
 

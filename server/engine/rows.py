@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from runtime.bundle import BundleError
-from server.engine.cache import BoundCache, NumpyCache, bind_input, shape_of
+from server.engine.cache import BoundCache, NumpyCache, bind_input, move_rows, shape_of
 from server.engine.sessions import Graphs
 
 __all__ = ["DeviceRows", "HostRows", "Rows", "grow", "time_slots"]
@@ -170,10 +170,7 @@ class HostRows(Rows):
     def compact_sources(self, perm: np.ndarray, moved: np.ndarray) -> None:
         """Sentence i becomes old sentence perm[i]; only the `moved` positions change."""
         if moved.size:
-            src = perm[moved]
-            self.bias[moved] = self.bias[src]
-            for x in self.cross:
-                x[moved] = x[src]
+            move_rows([self.bias, *self.cross], perm)
 
     def fit_sources(self, n: int, width: int) -> None:
         """Trim (or pad) the source axis of the n live sentences to `width`."""

@@ -60,7 +60,8 @@ def select_candidates(
     beam = top_i // vocab_size
     tok = top_i - beam * vocab_size
     n_cand = top_s.shape[1]
-    if n_cand >= width and uniform_beams(beam_sizes, width):
+    uniform = beam_sizes.size > 0 and beam_sizes.min() == width == beam_sizes.max()  # in-flight may mix
+    if n_cand >= width and uniform:
         head_s = top_s[:, :width]
         if not (tok[:, :width] == eos_id).any() and (head_s > -np.inf).all():
             # The usual step: every sentence's K best candidates continue (none is EOS or -inf), so
@@ -78,11 +79,6 @@ def select_candidates(
                 head_s.astype(np.float32),
             )
     return _select_by_rule(top_s, beam, tok, eos_id, pad_id, beam_sizes, width)
-
-
-def uniform_beams(beam_sizes: np.ndarray, width: int) -> bool:
-    """Whether every sentence has `width` beams (the request path's batch; an in-flight batch may mix)."""
-    return bool(beam_sizes.min() == width == beam_sizes.max()) if beam_sizes.size else False
 
 
 def _select_by_rule(
