@@ -44,6 +44,7 @@ from tqdm import tqdm
 from model.common_strings import load_common_strings, score_common_strings
 from model.corpus import read_novel, read_split
 from model.decode import greedy_decode, max_output_length
+from model.depth import deepen
 from model.languages import DEFAULT_LANGUAGE
 from model.model import Transformer, TransformerConfig, label_smoothed_loss
 from model.tokenizer import Tokenizer
@@ -76,6 +77,10 @@ class TrainConfig:
     seed: int = 1234
     threads: int = 0  # 0 = torch default
     norm_first: bool = False  # pre-norm (TransformerConfig.norm_first); --init-from/--resume keep theirs
+    encoder_layers: int = 0  # 0 = the preset's (or the --init-from model's); see model/depth.py
+    decoder_layers: int = 0
+    encoder_map: str = "stack"  # how --init-from fills other layer counts (model/depth.py; chosen on valid)
+    decoder_map: str = "spread"
 
 
 # --help lines of the TrainConfig fields whose names do not say it all.
@@ -90,6 +95,11 @@ OPTION_HELP = {
     "max_sentences": "rows per batch (0 = no cap)",
     "rewarm": "with --init-from: steps to ramp the learning rate back up",
     "threads": "torch threads (0 = torch's default)",
+    "encoder_layers": "encoder layers (0 = the preset's, or the --init-from model's: other counts copy its "
+    "layers as --encoder-map says, model/depth.py)",
+    "decoder_layers": "decoder layers (0 = the preset's or the --init-from model's; see --encoder-layers)",
+    "encoder_map": "with --init-from and another --encoder-layers: repeat, stack or spread (model/depth.py)",
+    "decoder_map": "with --init-from and another --decoder-layers: repeat, stack or spread",
     "norm_first": "pre-norm: x + Sublayer(LN(x)) and a final LayerNorm per stack (Xiong et al. 2020), "
     "for deep models, which post-norm fails to train; default post-norm, as the paper and the shipped "
     "models. An --init-from release or a --resume run keeps its own model's",
@@ -507,11 +517,15 @@ def main(argv: list[str] | None = None) -> None:
     config_factory = {"small": TransformerConfig.small, "base": TransformerConfig.base}[cfg.config]
     config = config_factory(tokenizer.vocab_size)
     config.norm_first = cfg.norm_first
+    config.n_encoder_layers = cfg.encoder_layers or config.n_encoder_layers
+    config.n_decoder_layers = cfg.decoder_layers or config.n_decoder_layers
     # A run that goes on keeps its model's architecture (post- or pre-norm), whatever the flags say.
     if state is not None:
         config = TransformerConfig.from_dict(state["model_config"])
     elif args.init_from:
         config = TransformerConfig.from_dict(json.loads((args.init_from / "config.json").read_text()))
+        config.n_encoder_layers = cfg.encoder_layers or config.n_encoder_layers
+        config.n_decoder_layers = cfg.decoder_layers or config.n_decoder_layers
     config.dropout = cfg.dropout
     cfg.norm_first = config.norm_first  # the run's settings record the model it trains
     model = Transformer(config).to(device)
@@ -545,6 +559,16 @@ def main(argv: list[str] | None = None) -> None:
         )
     elif args.init_from:
         released = load_release(args.init_from, device)
+        c = released.config
+        if (c.n_encoder_layers, c.n_decoder_layers) != (config.n_encoder_layers, config.n_decoder_layers):
+            released = deepen(
+                released, config.n_encoder_layers, config.n_decoder_layers, cfg.encoder_map, cfg.decoder_map
+            )
+            print(
+                f"layers {c.n_encoder_layers}+{c.n_decoder_layers} -> {config.n_encoder_layers}+"
+                f"{config.n_decoder_layers}: encoder {cfg.encoder_map}, decoder {cfg.decoder_map}",
+                file=sys.stderr,
+            )
         model.load_state_dict(released.state_dict())
         release_info = json.loads((args.init_from / "training.json").read_text())
         step = start_step = release_info["best"]["step"]
