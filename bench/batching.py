@@ -138,11 +138,18 @@ async def measure(server: Server, pick, *, warmup: float, duration: float, **kw)
     async with AsyncTranslatorClient(server.target, timeout=120, retries=0) as client:
         if warmup > 0:
             await drive(client, pick, duration=warmup, **kw)
-        before = server.counter("translator_generated_tokens_total")
+        names = (
+            "translator_generated_tokens_total",
+            "translator_batch_rows_sum",
+            "translator_batch_rows_count",
+        )
+        before = [server.counter(n) for n in names]
         res = await drive(client, pick, duration=duration, **kw)
-        res["generated_tokens_per_s"] = (server.counter("translator_generated_tokens_total") - before) / res[
-            "elapsed_s"
-        ]
+        tokens, rows, steps = (server.counter(n) - b for n, b in zip(names, before, strict=True))
+        res["generated_tokens_per_s"] = tokens / res["elapsed_s"]
+        # Decoder rows per step as the engine ran them (in flight: per step; request-level: the mean of
+        # each batch's mean), so a batch running more rows than the scheduler counted shows.
+        res["mean_rows"] = rows / steps if steps else None
     return res
 
 
@@ -158,7 +165,16 @@ def merge(reps: list[dict]) -> dict:
         for code, k in r["errors"].items():
             errors[code] = errors.get(code, 0) + k
     out["errors"] = errors
-    for key in ("sentences_per_s", "generated_tokens_per_s", "p50_ms", "p95_ms", "p99_ms", "mean_ms"):
+    figures = (
+        "sentences_per_s",
+        "generated_tokens_per_s",
+        "p50_ms",
+        "p95_ms",
+        "p99_ms",
+        "mean_ms",
+        "mean_rows",
+    )
+    for key in figures:
         values = [r[key] for r in reps if r.get(key) is not None]
         if values:
             out[key] = statistics.median(values)

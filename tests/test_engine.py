@@ -337,7 +337,7 @@ def test_other_variants_load_and_translate(tiny: TinyBundle, variant: str):
     assert eng.generator.kv_dtype == (np.float16 if variant == "fp16" else np.float32)
     # In flight with K/V on the device (the variant's own kv_rows graph, float16 K/V for fp16).
     rb = Engine(tiny.bundle, variant=variant, intra_op_threads=1, io_binding=True).running_batch()
-    assert rb.beam.on_device
+    assert rb.batch(3).on_device
     opts = DecodingOptions(beam_size=3, num_hypotheses=2)
     rb.admit([BatchItem(i, t, opts) for i, t in enumerate(TEXTS[:3])])
     results = {f.key: f.hypotheses for _ in range(2) for f in rb.step()}

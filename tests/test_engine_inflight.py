@@ -84,7 +84,7 @@ def test_random_arrivals_and_drops_match_solo(
     pending = [(text, rng.choice(OPTIONS)) for text in rng.sample(TEXTS + MORE, 10)]
     pending += [(rng.choice(TEXTS), rng.choice(OPTIONS)) for _ in range(6)]
     rb = (engine if storage == "host" else bound_engine).running_batch()
-    assert rb.beam.on_device == (storage == "device") == rb.greedy.on_device
+    assert rb.batch(2).on_device == (storage == "device") == rb.batch(1).on_device
     items = {}
     results = {}
     dropped = set()
@@ -134,7 +134,9 @@ def test_mixed_beams_join_a_running_long_decode(engine: Engine):
         wanted[i] = (t, greedy if i % 2 else beam2)
         items.append(BatchItem(i, *wanted[i]))
     rb.admit(items)
-    assert rb.rows == 5 * 3 + 2  # beam sentences share Kc = 5 rows each; greedy ones run apart
+    # every beam size runs apart: the beam-2 sentences take 2 rows each, not the long one's 5
+    assert rb.rows == 5 + 2 * 2 + 2
+    assert sorted(rb._batches) == [1, 2, 5] and rb.batch(2).kc == 2
     order = []
     while len(rb):
         for f in rb.step():
@@ -161,7 +163,7 @@ def test_settled_sentences_leave_the_running_batch(
             rb.admit([BatchItem(i, text, opts)])
         for f in rb.step():
             results[f.key] = f.hypotheses
-    assert rb.beam.settled > 0
+    assert rb.settled > 0
     for i, text, opts in plan:
         same(results[i], solo[text, opts])
 
@@ -216,15 +218,15 @@ def test_cache_is_compacted(engine: Engine, bound_engine: Engine, storage: str):
     rb.step()
     rb.drop([0, 1, 2])
     assert rb.rows == 3 * (len(TEXTS) - 3)
-    past = [p if isinstance(p, np.ndarray) else p.numpy() for p in rb.beam.past]
+    past = [p if isinstance(p, np.ndarray) else p.numpy() for p in rb.batch(3).past]
     assert past[0].shape[0] == rb.rows and past[0].shape[2] % 16 == 0
     assert np.isfinite(past[0]).all()
     if storage == "device":  # exactly the live sentences on the device, nothing spare
-        bias, cross = rb.beam._store.sources(len(rb))
+        bias, cross = rb.batch(3)._store.sources(len(rb))
         assert cross[0].shape()[0] == bias.shape[0] == len(rb)
     while len(rb):
         rb.step()
-    assert rb.beam.past == []
+    assert rb.batch(3).past == []
 
 
 def test_bundle_without_kv_rows_graph_keeps_the_cache_on_the_host(
@@ -233,7 +235,7 @@ def test_bundle_without_kv_rows_graph_keeps_the_cache_on_the_host(
     """Bundles exported before the kv_rows graph still batch in flight with IOBinding, from host memory."""
     old = Engine(copy_without_kv_rows(tiny.bundle, tmp_path / "bundle"), intra_op_threads=1, io_binding=True)
     rb = old.running_batch()
-    assert old.generator.kv_rows_graph is None and not rb.beam.on_device
+    assert old.generator.kv_rows_graph is None and not rb.batch(2).on_device
     opts = DecodingOptions(beam_size=2, num_hypotheses=2)
     rb.admit([BatchItem(0, TEXTS[1], opts)])
     while len(rb):
@@ -253,7 +255,7 @@ def test_leaving_sentences_cost_a_row_move_not_a_cache_copy(
     wide = "Delete the selected messages permanently? " * 4
     texts = [wide, TEXTS[0], TEXTS[2], "Print", "Save changes?"]  # 24 source tokens vs <= 4
     rb.admit([BatchItem(i, t, greedy) for i, t in enumerate(texts)])
-    g = rb.greedy
+    g = rb.batch(1)
     results: dict = {}
     before = list(g.keys)
     assert before[-1] == 0  # admitted in order of source width: the widest joins last

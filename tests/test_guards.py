@@ -244,8 +244,9 @@ LONG = [1, 3, 6, 7]  # the TEXTS the tiny model translates with more than a toke
 
 @pytest.mark.parametrize("seed", range(3))
 def test_inflight_with_mixed_guards_matches_solo(engine, ids, seed: int):  # noqa: F811
-    """Sentences with and without guards share the in-flight batches (greedy and beam apart, as
-    RunningBatch runs them), joining at random steps: each result is generate() of it alone."""
+    """Sentences with and without guards share the in-flight batches (greedy apart; beam sizes mixed in
+    one DecodeBatch, which supports it although RunningBatch runs each beam size apart), joining at
+    random steps: each result is generate() of it alone."""
     gen = engine.generator
     rng = random.Random(seed)
     items = []

@@ -84,7 +84,8 @@ class DecodeBatch:
     The time axis grows by 16 slots when the longest row needs it and shrinks again when long sentences
     leave (every row attends over all of it, masked); likewise the source axis.
 
-    Mixed beam sizes pay for dead rows (a beam-2 sentence next to beam 4 costs 4 rows).
+    Mixed beam sizes pay for dead rows (a beam-2 sentence next to beam 4 costs 4 rows), so
+    text.RunningBatch runs each beam size in a DecodeBatch of its own.
 
     Decoding guards are per sentence: the batch asks the graph for the unguarded count of candidates
     plus the most any sentence's guards may lower, each sentence's own guards re-rank its own

@@ -344,29 +344,52 @@ class Engine:
 class RunningBatch:
     """Text-level in-flight batch over an Engine (see DecodeBatch): admit(items), step(), drop(keys).
 
-    Items may have any decoding options (mixed beam sizes share the batch). Each item's result is
-    the one `Engine.translate([text], options)` gives it alone, bit for bit. Greedy items run in their
-    own DecodeBatch (one row per sentence; ONNX Runtime's MatMul takes another kernel for one query row
-    per sentence than for several, so a greedy sentence next to beam rows would differ in the last bits
-    from greedy alone); a step with both kinds running makes two decoder calls. Not thread-safe: one
-    caller thread."""
+    Items may have any decoding options. Each item's result is the one `Engine.translate([text],
+    options)` gives it alone, bit for bit. Every beam size runs in its own DecodeBatch, and a step with
+    several running makes one decoder call each:
+
+    * a DecodeBatch gives every sentence as many rows as its largest beam, so one beam-8 sentence (the
+      lexical guard's second round doubles the requested beam) among fourteen beam-4 ones would make
+      64 rows 120, 56 of them dead (in the server at beam 4 under load: 96 rows a step on average where
+      the scheduler counted at most 64); a second decoder call for the wide one costs far less;
+    * greedy sentences apart from beam rows: ONNX Runtime's MatMul takes another kernel for one query
+      row per sentence than for several, so a greedy sentence next to beam rows would differ in the last
+      bits from greedy alone.
+
+    Not thread-safe: one caller thread."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.greedy = DecodeBatch(engine.generator)
-        self.beam = DecodeBatch(engine.generator)
+        self._batches: dict[int, DecodeBatch] = {}  # beam size -> its batch, kept (with its buffers)
         self._affixes: dict[Any, tuple[str, str]] = {}
+        self.batch(1)  # now: an old decoder graph (one shared position) is refused here, not at admission
+
+    def batch(self, beam_size: int) -> DecodeBatch:
+        """The DecodeBatch of this beam size (made on first use)."""
+        b = self._batches.get(beam_size)
+        if b is None:
+            b = self._batches[beam_size] = DecodeBatch(self.engine.generator)
+        return b
+
+    def _running(self) -> list[DecodeBatch]:
+        return [self._batches[k] for k in sorted(self._batches) if len(self._batches[k])]
 
     def __len__(self) -> int:
-        return len(self.greedy) + len(self.beam)
+        return sum(len(b) for b in self._batches.values())
 
     @property
     def rows(self) -> int:
-        return self.greedy.rows + self.beam.rows
+        """Decoder rows a step runs: every running sentence's beam size."""
+        return sum(b.rows for b in self._batches.values())
 
     @property
     def keys(self) -> list[Any]:
-        return list(self.greedy.keys) + list(self.beam.keys)
+        return [k for b in self._running() for k in b.keys]
+
+    @property
+    def settled(self) -> int:
+        """Sentences retired by the settled() stop, in all batches."""
+        return sum(b.settled for b in self._batches.values())
 
     def cost(self, source_tokens: int, options: DecodingOptions) -> int:
         """KV-cache slots an item can occupy at most: beam x (source tokens + generation budget)."""
@@ -412,21 +435,26 @@ class RunningBatch:
                     o.no_repeat_ngram_size,
                 )
             )
-        greedy = [it for it in admit if it.beam_size == 1]
-        beam = [it for it in admit if it.beam_size > 1]
+        by_beam: dict[int, list[DecodeItem]] = {}
+        for it in admit:
+            by_beam.setdefault(int(it.beam_size), []).append(it)
+        now: list[tuple[Any, NBest]] = []
         with e.lock:
-            now = (self.greedy.admit(greedy) if greedy else []) + (self.beam.admit(beam) if beam else [])
+            for k in sorted(by_beam):
+                now += self.batch(k).admit(by_beam[k])
         return done + self._texts(now)
 
     def step(self) -> list[Finished]:
         """One decoding step of every running item; returns those that finished (and left)."""
+        out: list[tuple[Any, NBest]] = []
         with self.engine.lock:
-            out = self.greedy.step() + self.beam.step()
+            for b in self._running():
+                out += b.step()
         return self._texts(out)
 
     def drop(self, keys: Sequence[Any]) -> int:
         """Remove running items (cancelled, expired) at this step boundary; returns how many ran."""
-        n = self.greedy.drop(keys) + self.beam.drop(keys)
+        n = sum(b.drop(keys) for b in self._running())
         for k in keys:
             self._affixes.pop(k, None)
         return n
