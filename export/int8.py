@@ -72,11 +72,12 @@ DESCRIPTION_STATIC = (
     "batch-invariant; float32 K/V cache"
 )
 
+ZERO_POINT_NAME = "int8_zero_point"  # the shared activation zero point's initializer
 QUANT_CONSTANTS = {
     "int8_inv_levels": np.array([1.0 / ACTIVATION_LEVELS], np.float32),
     "int8_eps": np.array([SCALE_EPS], np.float32),
     "int8_offset": np.array([ZERO_POINT + 0.5], np.float32),
-    "int8_zero_point": np.array(ZERO_POINT, np.uint8),
+    ZERO_POINT_NAME: np.array(ZERO_POINT, np.uint8),
     "int8_one": np.array(1.0, np.float32),
 }
 RELU_ZERO_POINT = "int8_relu_zero_point"  # 0: QuantizeLinear's saturation at 0 is the Relu itself
@@ -135,7 +136,7 @@ def row_quantizer(x: str) -> tuple[list[onnx.NodeProto], str, str]:
 
 
 def static_quantizer(
-    x: str, scales: np.ndarray, prescaled: bool = False, zero_point: str = "int8_zero_point"
+    x: str, scales: np.ndarray, prescaled: bool = False, zero_point: str = ZERO_POINT_NAME
 ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], str]:
     """Nodes quantizing activation `x` with fixed per-channel scales: (nodes, initializers, uint8 name).
     `prescaled`: x already carries 1 / scales (folded into the GEMM or LayerNormalization that makes
@@ -342,9 +343,9 @@ def quantize_int8(src: Path, dst: Path, ranges: dict[str, np.ndarray] | None = N
         if x not in quantized:
             if static is None:
                 nodes, xq, sa = row_quantizer(x)
-                quantized[x] = (xq, sa, "int8_zero_point")
+                quantized[x] = (xq, sa, ZERO_POINT_NAME)
             else:
-                zp = RELU_ZERO_POINT if x in relu_input else "int8_zero_point"
+                zp = RELU_ZERO_POINT if x in relu_input else ZERO_POINT_NAME
                 nodes, extra, xq = static_quantizer(
                     relu_input.get(x, x), static[x], prescaled=x in prescaled, zero_point=zp
                 )
