@@ -81,6 +81,7 @@ class TrainConfig:
     decoder_layers: int = 0
     encoder_map: str = "stack"  # how --init-from fills other layer counts (model/depth.py; chosen on valid)
     decoder_map: str = "spread"
+    bf16: bool = False  # bf16 autocast for the training steps (validation stays fp32)
 
 
 # --help lines of the TrainConfig fields whose names do not say it all.
@@ -100,6 +101,9 @@ OPTION_HELP = {
     "decoder_layers": "decoder layers (0 = the preset's or the --init-from model's; see --encoder-layers)",
     "encoder_map": "with --init-from and another --encoder-layers: repeat, stack or spread (model/depth.py)",
     "decoder_map": "with --init-from and another --decoder-layers: repeat, stack or spread",
+    "bf16": "bf16 autocast for the training forward and backward passes (weights, optimizer and "
+    "validation stay fp32): 1.7x faster steps on a CPU with AVX512-BF16 or AMX, slower on one without "
+    "(it is emulated there); model.gpu_train's default on CUDA",
     "norm_first": "pre-norm: x + Sublayer(LN(x)) and a final LayerNorm per stack (Xiong et al. 2020), "
     "for deep models, which post-norm fails to train; default post-norm, as the paper and the shipped "
     "models. An --init-from release or a --resume run keeps its own model's",
@@ -428,6 +432,17 @@ def release_last(run_dir: Path, release_dir: Path, tokenizer: Tokenizer) -> None
     print(f"released step {state['step']} of {run_dir / 'last.pt'} -> {release_dir}")
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX): where --bf16 pays off."""
+    try:
+        flags = next(
+            (line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), ""
+        ).split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def hardware_name(device: torch.device) -> str:
     """What trained the model, for the model card: the GPU's name, else the CPU model and core count."""
     if device.type == "cuda":
@@ -581,10 +596,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"cooldown: learning rate to 0 over steps {step}-{step + cfg.cooldown}", file=sys.stderr)
 
     n_tgt_tokens = sum(len(t) + 1 for _, t in train)
+    if cfg.bf16 and device.type == "cpu" and not cpu_has_bf16():
+        print("--bf16: this CPU has neither AVX512-BF16 nor AMX: bf16 is emulated, slower", file=sys.stderr)
     print(
         f"model: {config.d_model}d {config.n_heads}h ff{config.d_ff} {config.n_encoder_layers}+"
         f"{config.n_decoder_layers} layers {'pre' if config.norm_first else 'post'}-norm, "
-        f"{model.num_parameters() / 1e6:.2f}M parameters, device {device}, "
+        f"{model.num_parameters() / 1e6:.2f}M parameters, device {device}"
+        f"{', bf16 autocast' if cfg.bf16 else ''}, "
         f"{torch.get_num_threads()} threads; {len(train)} train pairs, {n_tgt_tokens} target tokens/epoch; "
         f"{len(validation.common)} common UI strings tracked",
         file=sys.stderr,
@@ -687,7 +705,8 @@ def main(argv: list[str] | None = None) -> None:
             )  # fmt: skip
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss_sum, n_tokens = label_smoothed_loss(model(src, tgt_in), tgt_out, 0, cfg.label_smoothing)
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+                loss_sum, n_tokens = label_smoothed_loss(model(src, tgt_in), tgt_out, 0, cfg.label_smoothing)
             optimizer.zero_grad(set_to_none=True)
             # Divided by the token budget, not by this batch's tokens: every token weighs the same, so
             # the many small batches of short strings (see make_batches) do not outweigh long text.

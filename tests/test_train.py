@@ -125,6 +125,24 @@ def test_a_stopped_run_resumes_exactly(tiny_data, tiny_model, tmp_path):
     assert info["target_language"] == "es"  # a corpus without a manifest is Spanish
 
 
+def test_a_bf16_run_trains_in_bf16_and_resumes_exactly(tiny_data, tiny_model, tmp_path, capsys):
+    """--bf16: the training steps under bf16 autocast (weights stay fp32), recorded in the run's
+    settings; a stopped bf16 run resumes to the same weights as one in one go, and differs from fp32."""
+    _run(tiny_data, tmp_path / "once", "--max-steps", "4", "--bf16")
+    assert "bf16 autocast" in capsys.readouterr().err
+    _run(tiny_data, tmp_path / "twice", "--max-steps", "2", "--bf16")
+    _run(tiny_data, tmp_path / "twice", "--max-steps", "4", "--bf16", "--resume")
+    _run(tiny_data, tmp_path / "fp32", "--max-steps", "4")
+    once, twice, fp32 = (
+        torch.load(tmp_path / run / "last.pt", weights_only=False) for run in ("once", "twice", "fp32")
+    )
+    assert once["train_config"]["bf16"] and not fp32["train_config"]["bf16"]
+    assert all(t.dtype == torch.float32 for t in once["model"].values())
+    for name, tensor in once["model"].items():
+        assert torch.equal(tensor, twice["model"][name]), name
+    assert any(not torch.equal(t, fp32["model"][n]) for n, t in once["model"].items())
+
+
 def test_a_pre_norm_run_keeps_its_model_through_resume_init_from_and_average(
     tiny_data, tiny_model, tmp_path, capsys
 ):
