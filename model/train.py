@@ -141,8 +141,10 @@ def learning_rate(
 
 def loss_windows(history: list[dict], patience: int) -> tuple[float, float] | None:
     """(best valid loss before the last `patience` validations, best among them); None when there are
-    not more than `patience` validations (or patience <= 0)."""
-    losses = [r["valid_loss"] for r in history]
+    not more than `patience` validations (or patience <= 0). The validations of the model a grown one
+    started from (OTHER_DEPTH_RUN) do not count: a 6+2 model from a 3+3 one stopped 500 steps short,
+    none of its losses being below the 3+3 model's."""
+    losses = [r["valid_loss"] for r in history if r.get("run") != OTHER_DEPTH_RUN]
     if patience <= 0 or len(losses) <= patience:
         return None
     return min(losses[:-patience]), min(losses[-patience:])
@@ -301,13 +303,19 @@ def describe_scores(r: dict[str, Any]) -> str:
     )
 
 
+# History label of the validations a model grown to other layer counts (model/depth.py) inherits from the
+# model it grew from: another model, so the convergence rule does not weigh its losses.
+OTHER_DEPTH_RUN = "other-depth"
 OLD_SPLIT_RUNS = ("old-split", "init")  # history labels of rows on an earlier split ("init": the old name)
 
 
 def inherited_run(row: dict) -> str:
     """The label of a validation row an --init-from run inherits from its release: "old-split" for rows
-    validated on an earlier split of the corpus (not comparable), else "parent": the lineage's own rows,
-    on the valid split the continuation keeps."""
+    validated on an earlier split of the corpus (not comparable), OTHER_DEPTH_RUN for those of the model a
+    grown one started from, else "parent": the lineage's own rows, on the valid split the continuation
+    keeps."""
+    if row.get("run") == OTHER_DEPTH_RUN:
+        return OTHER_DEPTH_RUN  # still another model's, however many continuations later
     return "old-split" if row.get("run") in OLD_SPLIT_RUNS else "parent"
 
 
@@ -575,7 +583,8 @@ def main(argv: list[str] | None = None) -> None:
     elif args.init_from:
         released = load_release(args.init_from, device)
         c = released.config
-        if (c.n_encoder_layers, c.n_decoder_layers) != (config.n_encoder_layers, config.n_decoder_layers):
+        grown = (c.n_encoder_layers, c.n_decoder_layers) != (config.n_encoder_layers, config.n_decoder_layers)
+        if grown:
             released = deepen(
                 released, config.n_encoder_layers, config.n_decoder_layers, cfg.encoder_map, cfg.decoder_map
             )
@@ -587,7 +596,10 @@ def main(argv: list[str] | None = None) -> None:
         model.load_state_dict(released.state_dict())
         release_info = json.loads((args.init_from / "training.json").read_text())
         step = start_step = release_info["best"]["step"]
-        history = [dict(r, run=inherited_run(r)) for r in release_info.get("history", [])]
+        history = [
+            dict(r, run=OTHER_DEPTH_RUN if grown else inherited_run(r))
+            for r in release_info.get("history", [])
+        ]
         elapsed_before = release_info["best"].get("train_seconds", 0.0)
         print(f"initialised from {args.init_from} (step {step}); fresh optimizer", file=sys.stderr)
     args.run_dir.mkdir(parents=True, exist_ok=True)

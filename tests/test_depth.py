@@ -8,7 +8,7 @@ import torch
 
 from model.depth import deepen, layer_map
 from model.model import Transformer, TransformerConfig
-from model.train import load_release
+from model.train import OTHER_DEPTH_RUN, load_release, loss_windows
 from tests.test_train import _run, tiny_data  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -62,8 +62,23 @@ def test_init_from_with_other_layer_counts_trains_the_deepened_model(tiny_data, 
         "encoder_layers.3.ln2.weight" in state["model"]
         and "decoder_layers.2.ln1.weight" not in state["model"]
     )
+    parent = json.loads((release / "training.json").read_text())["history"]
+    assert [r.get("run") for r in state["history"][: len(parent)]] == [OTHER_DEPTH_RUN] * len(parent)
     _run(tiny_data, run, "--max-steps", "5", "--resume")  # a resume keeps the run's own model
+    again = tmp_path / "again"  # a continuation of the grown model keeps the label
+    _run(tiny_data, again, "--init-from", str(run / "rel"), "--max-steps", "6")
+    history = torch.load(again / "last.pt", weights_only=False)["history"]
+    assert [r.get("run") for r in history[: len(parent)]] == [OTHER_DEPTH_RUN] * len(parent)
     assert torch.load(run / "last.pt", weights_only=False)["model_config"]["n_encoder_layers"] == 4
     deep = load_release(run / "rel")
     assert (deep.config.n_encoder_layers, deep.config.n_decoder_layers) == (4, 2)
     assert json.loads((run / "rel" / "config.json").read_text())["n_decoder_layers"] == 2
+
+
+def test_the_convergence_rule_ignores_the_validations_of_the_model_grown_from():
+    """A grown model's losses start above its parent's: counting the parent's rows, the rule would
+    call it converged at once (the 6+2 Spanish run stopped 500 steps before its cooldown's end)."""
+    parent = [{"step": i, "valid_loss": 0.5, "run": OTHER_DEPTH_RUN} for i in range(20)]
+    own = [{"step": 20 + i, "valid_loss": 1.0 - 0.1 * i} for i in range(3)]
+    assert loss_windows(parent + own, 2) == (1.0, 0.8)
+    assert loss_windows(parent + own, 3) is None  # not more own validations than the window
