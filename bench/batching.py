@@ -51,6 +51,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 MODES = ("off", "request", "inflight")
 
 
+def metric_total(exposition: str, name: str) -> float:
+    """A metric's value in Prometheus' text format, summed over its label sets (the server's histogram
+    series carry the model's label); 0 when absent."""
+    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", exposition, re.M))
+
+
 class Server:
     def __init__(
         self, mode: str, model_dir: str, threads: int, extra: list[str], log_dir: Path, cpus: set[int] | None
@@ -71,8 +77,7 @@ class Server:
 
     def counter(self, name: str) -> float:
         text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).read()
-        m = re.search(rf"^{name} (\S+)$", text.decode(), re.M)
-        return float(m.group(1)) if m else 0.0
+        return metric_total(text.decode(), name)
 
     def stop(self) -> None:
         self.proc.terminate()

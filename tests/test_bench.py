@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.batching import markdown, merge, plot, summarize, sustained
+from bench.batching import markdown, merge, metric_total, plot, summarize, sustained
 from tests.test_export import TinyBundle, build_tiny_bundle
 
 
@@ -182,3 +182,18 @@ def test_models_loaded_starts_a_server_and_measures_it(tiny_bundle):
     row = measure([tiny_bundle], requests=2, warmup=0, threads=1)
     assert row["models"] == 1 and row["rss_mb"] > 50 and 0 < row["load_s"] < 300
     assert list(row["p50_ms"]) == ["es"] and row["p50_ms"]["es"] > 0
+
+
+def test_bench_batching_reads_metrics_with_and_without_labels():
+    text = (
+        "# TYPE translator_batch_rows histogram\n"
+        'translator_batch_rows_sum{model="en-es-small"} 120.0\n'
+        'translator_batch_rows_sum{model="en-fr-small"} 30.0\n'
+        'translator_batch_rows_count{model="en-es-small"} 4.0\n'
+        "translator_generated_tokens_total 7.0\n"
+        "translator_generated_tokens_created 1.7e9\n"
+    )
+    assert metric_total(text, "translator_batch_rows_sum") == 150.0
+    assert metric_total(text, "translator_batch_rows_count") == 4.0
+    assert metric_total(text, "translator_generated_tokens_total") == 7.0
+    assert metric_total(text, "translator_missing") == 0.0
