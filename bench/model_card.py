@@ -240,7 +240,8 @@ def _convergence(history: list[dict], train_config: dict) -> str:
     rule = f"Convergence rule (`model.train.converged`): {condition}."
     windows = loss_windows(history, patience)
     if windows is None:
-        return f"{rule} Too few validations to judge ({len(history)})."
+        own = sum(not _other_depth(r) for r in history)
+        return f"{rule} Too few validations to judge ({own})."
     cooldown = train_config.get("cooldown", 0)
     if cooldown and history[-1].get("lr") == 0.0:
         return (
@@ -263,6 +264,13 @@ def _old_split(row: dict) -> bool:
     from model.train import OLD_SPLIT_RUNS
 
     return row.get("run") in OLD_SPLIT_RUNS
+
+
+def _other_depth(row: dict) -> bool:
+    """Whether a validation row is of the model a grown one started from (model.train's label)."""
+    from model.train import OTHER_DEPTH_RUN
+
+    return row.get("run") == OTHER_DEPTH_RUN
 
 
 def _curve(history: list[dict]) -> list[str]:
@@ -440,6 +448,15 @@ def render(args: argparse.Namespace) -> str:
                 "run continued (`--init-from`, `run: parent`), validated on the same split."
             ]
             if any(row.get("run") == "parent" for row in history)
+            else []
+        ),  # fmt: skip
+        *(
+            [
+                f"Steps up to {max(r['step'] for r in history if _other_depth(r)):,} are the model this one "
+                "was grown from, with other layer counts (`model/depth.py`, `run: other-depth`); the "
+                "convergence rule leaves them out."
+            ]
+            if any(_other_depth(row) for row in history)
             else []
         ),  # fmt: skip
         *(

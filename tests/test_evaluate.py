@@ -319,6 +319,8 @@ def test_model_card_is_rendered_from_the_evaluations(data_dir, tiny_checkpoint, 
     model = tmp_path / "tiny-card"
     shutil.copytree(tiny_checkpoint, model)
     history = [
+        {"step": 50, "epoch": 0, "valid_loss": 1.0, "valid_bleu": 30.0, "valid_chrf": 50.0,
+         "valid_bleu_all": 31.0, "train_seconds": 30.0, "run": "other-depth"},
         {"step": 100, "epoch": 0, "valid_loss": 3.5, "valid_bleu": 10.0, "valid_chrf": 30.0,
          "train_seconds": 60.0, "run": "old-split"},
         {"step": 150, "epoch": 0, "valid_loss": 3.0, "valid_bleu": 15.25, "valid_chrf": 35.0,
@@ -328,7 +330,7 @@ def test_model_card_is_rendered_from_the_evaluations(data_dir, tiny_checkpoint, 
          "common_repeated_word": 1, "train_seconds": 120.0},
     ]  # fmt: skip
     training = {
-        "best": history[2], "history": history, "train_config": {"max_tokens": 3000}, "parameters": 123456,
+        "best": history[3], "history": history, "train_config": {"max_tokens": 3000}, "parameters": 123456,
         "device": "cpu", "hardware": "Test CPU, 2 cores", "threads": 2, "train_pairs": 3,
     }  # fmt: skip
     (model / "training.json").write_text(json.dumps(training))
@@ -363,6 +365,7 @@ def test_model_card_is_rendered_from_the_evaluations(data_dir, tiny_checkpoint, 
     assert "Test CPU, 2 cores" in card and "| 200 | 1 | 2.500 | 20.50 |" in card
     assert "| 100 | 0 | 3.50 | (10.0: old split) |" in card and "| 150 | 0 | 3.000 | 15.25 |" in card
     assert "Steps up to 150 are the model this run continued" in card and "Rows marked old split" in card
+    assert "Steps up to 50 are the model this one was grown from" in card
     assert "train 3, valid 0 (0 novel), test 6 (4 novel)" in card
     assert "none of the last 16 validations" in card and "Too few validations to judge (3)" in card
     # re-rendering from the kept reports gives the same card
