@@ -7,6 +7,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from runtime.machine import read_cpuinfo
+
 # /proc/cpuinfo flags that decide which GEMM kernels ONNX Runtime and CTranslate2 can use.
 VECTOR_FLAGS = (
     "avx2",
@@ -25,17 +27,7 @@ SAMPLE_TEXTS = Path(__file__).parent / "data" / "speed.en"
 def cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
     """{"model": ..., "vector_extensions": [...], "logical_cpus": n, "machine": ...}; model and flags come
     from /proc/cpuinfo (Linux), else platform's best guess and no flags."""
-    model, flags = "", set()
-    try:
-        for line in cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key == "model name" and not model:
-                model = value.strip()
-            elif key == "flags" and not flags:
-                flags = set(value.split())
-    except OSError:
-        pass
+    model, flags = read_cpuinfo(cpuinfo)
     return {
         "model": model or platform.processor() or platform.machine(),
         "vector_extensions": [f for f in VECTOR_FLAGS if f in flags],

@@ -48,6 +48,7 @@ from model.depth import deepen
 from model.languages import DEFAULT_LANGUAGE
 from model.model import Transformer, TransformerConfig, label_smoothed_loss
 from model.tokenizer import Tokenizer
+from runtime.machine import read_cpuinfo
 from runtime.splits import target_language as corpus_target
 
 
@@ -442,12 +443,7 @@ def release_last(run_dir: Path, release_dir: Path, tokenizer: Tokenizer) -> None
 
 def cpu_has_bf16() -> bool:
     """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX): where --bf16 pays off."""
-    try:
-        flags = next(
-            (line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), ""
-        ).split()
-    except OSError:
-        return False
+    flags = read_cpuinfo()[1]
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
@@ -455,14 +451,7 @@ def hardware_name(device: torch.device) -> str:
     """What trained the model, for the model card: the GPU's name, else the CPU model and core count."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    cpu = platform.processor() or "CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = read_cpuinfo()[0] or platform.processor() or "CPU"
     return f"{cpu}, {os.cpu_count()} cores"
 
 
