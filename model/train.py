@@ -44,7 +44,7 @@ from tqdm import tqdm
 from model.common_strings import load_common_strings, score_common_strings
 from model.corpus import read_novel, read_split
 from model.decode import greedy_decode, max_output_length
-from model.depth import deepen
+from model.depth import DECODER_MAP, ENCODER_MAP, deepen
 from model.languages import DEFAULT_LANGUAGE
 from model.model import Transformer, TransformerConfig, label_smoothed_loss
 from model.tokenizer import Tokenizer
@@ -80,8 +80,8 @@ class TrainConfig:
     norm_first: bool = False  # pre-norm (TransformerConfig.norm_first); --init-from/--resume keep theirs
     encoder_layers: int = 0  # 0 = the preset's (or the --init-from model's); see model/depth.py
     decoder_layers: int = 0
-    encoder_map: str = "stack"  # how --init-from fills other layer counts (model/depth.py; chosen on valid)
-    decoder_map: str = "spread"
+    encoder_map: str = ENCODER_MAP  # how --init-from fills other layer counts (model/depth.py)
+    decoder_map: str = DECODER_MAP
     bf16: bool = False  # bf16 autocast for the training steps (validation stays fp32)
 
 
@@ -529,13 +529,13 @@ def main(argv: list[str] | None = None) -> None:
     config_factory = {"small": TransformerConfig.small, "base": TransformerConfig.base}[cfg.config]
     config = config_factory(tokenizer.vocab_size)
     config.norm_first = cfg.norm_first
-    config.n_encoder_layers = cfg.encoder_layers or config.n_encoder_layers
-    config.n_decoder_layers = cfg.decoder_layers or config.n_decoder_layers
-    # A run that goes on keeps its model's architecture (post- or pre-norm), whatever the flags say.
+    # A run that goes on keeps its model's architecture (post- or pre-norm), whatever the flags say; a
+    # new one (from a preset or a release) takes the layer counts asked for.
     if state is not None:
         config = TransformerConfig.from_dict(state["model_config"])
-    elif args.init_from:
-        config = TransformerConfig.from_dict(json.loads((args.init_from / "config.json").read_text()))
+    else:
+        if args.init_from:
+            config = TransformerConfig.from_dict(json.loads((args.init_from / "config.json").read_text()))
         config.n_encoder_layers = cfg.encoder_layers or config.n_encoder_layers
         config.n_decoder_layers = cfg.decoder_layers or config.n_decoder_layers
     config.dropout = cfg.dropout
