@@ -40,10 +40,12 @@ def bind_input(io: Any, name: str, value: Any) -> None:
         io.bind_ortvalue_input(name, value)
 
 
-def move_rows(tensors: list[np.ndarray], perm: np.ndarray) -> None:
+def move_rows(tensors: list[np.ndarray], perm: np.ndarray, moved: np.ndarray | None = None) -> None:
     """Row i of every tensor becomes old row perm[i] (a swap_remove permutation, in place): only the
-    holes change, and their sources lie past the new end, so nothing is read after it is written."""
-    moved = np.flatnonzero(perm != np.arange(perm.size))
+    holes change, and their sources lie past the new end, so nothing is read after it is written.
+    moved: the positions where perm differs from the identity, when the caller has them already."""
+    if moved is None:
+        moved = np.flatnonzero(perm != np.arange(perm.size))
     if moved.size:
         src = perm[moved]
         for x in tensors:

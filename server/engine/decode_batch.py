@@ -18,6 +18,7 @@ import numpy as np
 
 from runtime.bundle import BundleError
 from runtime.decoding import gnmt_length_penalty
+from server.engine.cache import move_rows
 from server.engine.generator import Generator, check_guards
 from server.engine.rows import DeviceRows, HostRows, grow, time_slots
 from server.engine.search import (
@@ -190,8 +191,7 @@ class DecodeBatch:
         moved = np.flatnonzero(perm != np.arange(perm.size))
         self._store.compact_sources(perm, moved)
         if nb is None and kc_next == kc:
-            if moved.size:
-                self._hist[moved] = self._hist[perm[moved]]
+            move_rows([self._hist], perm, moved)
         else:
             self._hist = self._hist[perm[:, None], base]  # (n', Kc', L)
         self._apply_perm_meta(perm)

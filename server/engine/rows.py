@@ -169,8 +169,7 @@ class HostRows(Rows):
 
     def compact_sources(self, perm: np.ndarray, moved: np.ndarray) -> None:
         """Sentence i becomes old sentence perm[i]; only the `moved` positions change."""
-        if moved.size:
-            move_rows([self.bias, *self.cross], perm)
+        move_rows([self.bias, *self.cross], perm, moved)
 
     def fit_sources(self, n: int, width: int) -> None:
         """Trim (or pad) the source axis of the n live sentences to `width`."""
