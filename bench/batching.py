@@ -35,7 +35,6 @@ import asyncio
 import json
 import os
 import random
-import re
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from client.core import AsyncTranslatorClient, TranslatorError
 from client.load import free_port, load_sentences, percentile, run_requests
@@ -52,9 +53,10 @@ MODES = ("off", "request", "inflight")
 
 
 def metric_total(exposition: str, name: str) -> float:
-    """A metric's value in Prometheus' text format, summed over its label sets (the server's histogram
+    """A sample's value in Prometheus' text format, summed over its label sets (the server's histogram
     series carry the model's label); 0 when absent."""
-    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", exposition, re.M))
+    families = text_string_to_metric_families(exposition)
+    return sum(s.value for family in families for s in family.samples if s.name == name)
 
 
 class Server:
