@@ -20,6 +20,7 @@ French, German, Italian and Brazilian Portuguese have a FreeDict dictionary and 
 from __future__ import annotations
 
 import gzip
+import json
 import re
 import shutil
 import subprocess
@@ -231,6 +232,18 @@ def software_packages(packages: Iterable[str]) -> list[str]:
     """The packages of a pair's provenance that are software, not a dictionary: what the translation
     memory and the common UI strings count (a dictionary's word pair is no string a program ships)."""
     return [p for p in packages if p not in ALL_DICTIONARY_PACKAGES]
+
+
+def pair_provenance(jsonl: Path) -> tuple[list[int], list[bool]]:
+    """Per pair of a split, from its jsonl: the packages that ship it, and whether they are all bilingual
+    dictionaries (model.train repeats pairs by them; model.pack stores both in its pack)."""
+    counts, dictionary_only = [], []
+    with jsonl.open(encoding="utf-8") as handle:
+        for line in handle:
+            packages = json.loads(line).get("packages") or [None]
+            counts.append(len(packages))
+            dictionary_only.append(packages != [None] and not software_packages(packages))
+    return counts, dictionary_only
 
 
 def capitalised(text: str) -> str:

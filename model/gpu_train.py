@@ -293,7 +293,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         if args.targets_from:
             pack.train = with_targets(pack.train, args.targets_from)
         pairs = pack.train[: args.max_train_pairs] if args.max_train_pairs else pack.train
-        pairs = repeat_by_counts(pairs, pack.train_packages)
+        pairs = repeat_by_counts(pairs, pack.train_packages, pack.train_dictionary, args.repeat_dictionaries)
         log(f"pack {args.pack}: en->{pack.meta['target_language']}, tokenizing {len(pairs)} train pairs")
         train_set = tokenize_pairs(tokenizer, pairs, args.max_len)
         validation = Validation.from_pairs(
@@ -531,6 +531,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=0, help="per batch; 0 = 16384 on CUDA, 3000 on CPU")
     p.add_argument("--max-sentences", type=int, default=0, help="rows per batch; 0 = 512 CUDA, 128 CPU")
     p.add_argument("--max-len", type=int, default=128)
+    p.add_argument(
+        "--repeat-dictionaries", type=int, default=1, help="a pair only dictionaries give: N times as often"
+    )
     p.add_argument("--lr", type=float, default=7e-4)
     p.add_argument("--warmup", type=int, default=600)
     p.add_argument("--label-smoothing", type=float, default=0.1)

@@ -9,7 +9,8 @@ directory is far larger (data/train.jsonl alone is 75 MB: provenance that traini
 only). The pack keeps exactly what training uses:
 
 * train and valid pairs as written in the corpus (one escaped line each, runtime.splits' format);
-* per train pair, how many packages ship it (model.train.package_counts: the 1 + log2(n) repeats);
+* per train pair, how many packages ship it and whether only bilingual dictionaries give it
+  (model.train.pair_provenance: the 1 + log2(n) repeats, `--repeat-dictionaries`);
 * per valid pair, whether its source is novel (the checkpoint criterion);
 * the commonest UI strings of train with their accepted answers (model.common_strings);
 * the tokenizer model and a pack.json naming the language, the counts and the source files' sha256.
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from model.common_strings import CommonString, load_common_strings
+from model.dictionaries import pair_provenance
 from runtime.splits import escape_line, unescape_line
 
 FORMAT_VERSION = 1
@@ -48,6 +50,7 @@ class Pack:
     train: list[tuple[str, str]]
     valid: list[tuple[str, str]]
     train_packages: list[int]
+    train_dictionary: list[bool]  # only bilingual dictionaries give the pair (packs of before: all False)
     valid_novel: list[bool]
     common: list[CommonString]
     tokenizer_model: bytes
@@ -111,15 +114,17 @@ def make_pack(data: Path, tokenizer: Path, out: Path, log: Any = None) -> dict[s
         members[f"{split}.tgt"] = _lines([escape_line(t) for _, t in pairs])
         log(f"{split}: {len(pairs)} pairs")
     train_jsonl, valid_jsonl = data / "train.jsonl", data / "valid.jsonl"
-    packages = (
-        _jsonl_field(train_jsonl, lambda r: len(r.get("packages") or [None])) if train_jsonl.exists() else []
-    )
+    packages, dictionary_only = pair_provenance(train_jsonl) if train_jsonl.exists() else ([], [])
     novel = _jsonl_field(valid_jsonl, lambda r: int(bool(r.get("novel")))) if valid_jsonl.exists() else []
     if novel and len(novel) != counts["valid"]:
         raise SystemExit(f"{valid_jsonl}: {len(novel)} records for {counts['valid']} valid pairs")
     members["train.packages"] = _lines(packages)
+    members["train.dictionary"] = _lines([int(d) for d in dictionary_only])
     members["valid.novel"] = _lines(novel or [1] * counts["valid"])  # no provenance: all count as novel
-    log(f"provenance: {len(packages)} package counts, {sum(novel)} novel valid pairs")
+    log(
+        f"provenance: {len(packages)} package counts ({sum(dictionary_only)} dictionary pairs), "
+        f"{sum(novel)} novel valid pairs"
+    )
     common = load_common_strings(data) if train_jsonl.exists() else []
     members["common.json"] = (json.dumps([asdict(c) for c in common], ensure_ascii=False) + "\n").encode()
     log(f"common UI strings: {len(common)}")
@@ -178,6 +183,7 @@ def read_pack(path: Path) -> Pack:
         train=pairs("train"),
         valid=pairs("valid"),
         train_packages=[int(x) for x in text("train.packages")],
+        train_dictionary=[x == "1" for x in text("train.dictionary")] if "train.dictionary" in blobs else [],
         valid_novel=[x == "1" for x in text("valid.novel")],
         common=common,
         tokenizer_model=blobs["tokenizer.model"],

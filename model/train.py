@@ -45,6 +45,7 @@ from model.common_strings import load_common_strings, score_common_strings
 from model.corpus import read_novel, read_split
 from model.decode import greedy_decode, max_output_length
 from model.depth import DECODER_MAP, ENCODER_MAP, deepen
+from model.dictionaries import pair_provenance
 from model.languages import DEFAULT_LANGUAGE
 from model.model import Transformer, TransformerConfig, label_smoothed_loss
 from model.tokenizer import Tokenizer
@@ -75,6 +76,7 @@ class TrainConfig:
     rewarm: int = 100  # with --init-from: steps to ramp the learning rate back up (fresh Adam moments)
     cooldown: int = 0  # steps of linear decay to 0 from where it starts, then the run ends (0 = none)
     repeat_frequent: int = 1  # 1: a pair shipped by n packages is seen 1 + floor(log2 n) times an epoch
+    repeat_dictionaries: int = 1  # a pair only bilingual dictionaries give is seen N times as often
     seed: int = 1234
     threads: int = 0  # 0 = torch default
     norm_first: bool = False  # pre-norm (TransformerConfig.norm_first); --init-from/--resume keep theirs
@@ -100,6 +102,8 @@ OPTION_HELP = {
     "encoder_layers": "encoder layers (0 = the preset's, or the --init-from model's: other counts copy its "
     "layers as --encoder-map says, model/depth.py)",
     "decoder_layers": "decoder layers (0 = the preset's or the --init-from model's; see --encoder-layers)",
+    "repeat_dictionaries": "a pair only bilingual dictionaries give is seen N times as often an epoch "
+    "(pharmacy -> farmacia: words the catalogs lack)",
     "encoder_map": "with --init-from and another --encoder-layers: repeat, stack or spread (model/depth.py)",
     "decoder_map": "with --init-from and another --decoder-layers: repeat, stack or spread",
     "bf16": "bf16 autocast for the training forward and backward passes (weights, optimizer and "
@@ -385,29 +389,46 @@ def load_release(model_dir: Path, device: str | torch.device = "cpu") -> Transfo
     return model.to(device).eval()
 
 
-def repeat_frequent(pairs: list[tuple[str, str]], jsonl: Path) -> list[tuple[str, str]]:
-    """Each pair 1 + floor(log2 n) times, n = packages of the split that ship it (from train.jsonl).
+def repeat_frequent(
+    pairs: list[tuple[str, str]], jsonl: Path, dictionaries: int = 1, by_packages: bool = True
+) -> list[tuple[str, str]]:
+    """Each pair 1 + floor(log2 n) times, n = packages of the split that ship it (from train.jsonl), and a
+    pair that only bilingual dictionaries give (model.dictionaries) `dictionaries` times as often.
 
     Dedupe keeps one copy of `Cancel -> Cancelar` although 82 packages ship it; the commonest UI strings
     then weigh as much as any help sentence, and the model's greedy answer for them stayed unstable
     (70-92% accepted between validations). Weighting by log of the package count adds 18k pairs (+3.9%
-    target characters) to 261k. Pairs beyond the jsonl (or without one) count once."""
+    target characters) to 261k. The dictionaries' word pairs (52k of Spanish's 552k) are seen once an
+    epoch, too seldom for a small model to learn `pharmacy -> farmacia` (issue 30's everyday inputs):
+    `--repeat-dictionaries` weighs them up. `by_packages=False`: every pair once, dictionaries aside.
+    Pairs beyond the jsonl (or without one) count once."""
     if not jsonl.exists():
         return pairs
-    return repeat_by_counts(pairs, package_counts(jsonl))
+    counts, dictionary_only = pair_provenance(jsonl)
+    if not by_packages:
+        counts = [1] * len(counts)
+    return repeat_by_counts(pairs, counts, dictionary_only, dictionaries)
 
 
 def package_counts(jsonl: Path) -> list[int]:
-    """Packages that ship each pair of a split, from its jsonl (model.pack stores them in its pack)."""
-    with jsonl.open(encoding="utf-8") as handle:
-        return [len(json.loads(line).get("packages") or [None]) for line in handle]
+    """Packages that ship each pair of a split, from its jsonl."""
+    return pair_provenance(jsonl)[0]
 
 
-def repeat_by_counts(pairs: list[tuple[str, str]], counts: list[int]) -> list[tuple[str, str]]:
-    """Each pair 1 + floor(log2 n) times for its package count n (pairs beyond `counts` once)."""
+def repeat_by_counts(
+    pairs: list[tuple[str, str]],
+    counts: list[int],
+    dictionary_only: list[bool] | None = None,
+    dictionaries: int = 1,
+) -> list[tuple[str, str]]:
+    """Each pair 1 + floor(log2 n) times for its package count n (pairs beyond `counts` once), times
+    `dictionaries` for a pair flagged in `dictionary_only`."""
+    flags = list(dictionary_only or [])
+    flags += [False] * (len(pairs) - len(flags))
+    counts = counts + [1] * (len(pairs) - len(counts))
     repeated = []
-    for pair, n in zip(pairs, counts + [1] * (len(pairs) - len(counts)), strict=False):
-        repeated.extend([pair] * (1 + int(math.log2(max(n, 1)))))
+    for pair, n, only in zip(pairs, counts, flags, strict=False):
+        repeated.extend([pair] * ((1 + int(math.log2(max(n, 1)))) * (dictionaries if only else 1)))
     return repeated
 
 
@@ -513,8 +534,10 @@ def main(argv: list[str] | None = None) -> None:
     train_pairs = read_split(args.data, "train")
     if args.max_train_pairs:
         train_pairs = train_pairs[: args.max_train_pairs]
-    if cfg.repeat_frequent:
-        train_pairs = repeat_frequent(train_pairs, args.data / "train.jsonl")
+    if cfg.repeat_frequent or cfg.repeat_dictionaries != 1:
+        train_pairs = repeat_frequent(
+            train_pairs, args.data / "train.jsonl", cfg.repeat_dictionaries, bool(cfg.repeat_frequent)
+        )
     print(f"tokenizing {len(train_pairs)} train pairs and the valid sets", file=sys.stderr)
 
     train = tokenize_pairs(tokenizer, train_pairs, cfg.max_len)
@@ -557,8 +580,8 @@ def main(argv: list[str] | None = None) -> None:
         epoch_rng = state.get("epoch_rng", state["rng"])
         before = state.get("train_config", {})
         if any(
-            before.get(k) != getattr(cfg, k)
-            for k in ("max_tokens", "max_sentences", "max_len", "repeat_frequent")
+            before.get(k, getattr(TrainConfig, k)) != getattr(cfg, k)
+            for k in ("max_tokens", "max_sentences", "max_len", "repeat_frequent", "repeat_dictionaries")
         ):
             # another batching: the saved batch index means nothing any more; start a new epoch
             print(f"batching changed since {last_path}: starting a new epoch", file=sys.stderr)

@@ -51,6 +51,8 @@ def test_the_pack_keeps_what_training_reads(corpus, pack):
     assert p.train_packages == package_counts(corpus / "train.jsonl") == [1] * 8 + [4] * 8
     # 1 + log2(4) = 3 copies of each four-package pair, as model.train's repeat_frequent gives
     assert len(repeat_by_counts(p.train, p.train_packages)) == 8 + 3 * 8
+    assert p.train_dictionary == [False] * 16  # no dictionary among the fixture's packages
+    assert len(repeat_by_counts(p.train, p.train_packages, [True] * 8 + [False] * 8, 2)) == 2 * 8 + 3 * 8
     assert p.valid_novel == [i % 2 == 0 for i in range(8)]
     assert {c.source for c in p.common} == set(WORDS)  # shipped by >= 2 packages with one answer
     assert p.tokenizer_model == TOKENIZER.read_bytes()

@@ -291,6 +291,28 @@ def test_frequent_pairs_repeat_by_log_of_their_package_count(tmp_path):
     assert repeat_frequent(pairs, tmp_path / "missing.jsonl") == pairs
 
 
+def test_dictionary_pairs_repeat_as_asked(tmp_path):
+    """--repeat-dictionaries N: a pair only bilingual dictionaries give comes N times as often; a pair
+    a program ships too (a dictionary among its packages) and a pair without provenance do not."""
+    from model.train import repeat_frequent
+
+    pairs = [("pharmacy", "farmacia"), ("Cancel", "Cancelar"), ("Open", "Abrir"), ("kitchen", "cocina")]
+    rows = [
+        {"packages": ["apertium-eng-spa"]},
+        {"packages": ["gtk", "qt", "apertium-eng-spa", "dict-freedict-eng-spa"]},
+        {"packages": ["gtk"]},
+        {"packages": ["apertium-eng-spa", "dict-freedict-eng-spa"]},
+    ]
+    jsonl = tmp_path / "train.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    once = repeat_frequent(pairs, jsonl)
+    assert [once.count(p) for p in pairs] == [1, 3, 1, 2]  # 1 + log2(n), dictionaries as any package
+    thrice = repeat_frequent(pairs, jsonl, dictionaries=3)
+    assert [thrice.count(p) for p in pairs] == [3, 3, 1, 6]
+    flat = repeat_frequent(pairs + [("Extra", "Extra")], jsonl, dictionaries=4, by_packages=False)
+    assert [flat.count(p) for p in pairs] == [4, 1, 1, 4] and flat.count(("Extra", "Extra")) == 1
+
+
 def test_snapshots_of_the_last_validations_average_into_a_release(tiny_data, tiny_model, tmp_path, capsys):
     """--keep-snapshots N keeps the newest N validations' weights; model.average scores each and their mean
     and writes the mean as a release."""
