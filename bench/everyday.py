@@ -10,7 +10,10 @@ people), Spain and Latin America (ordenador/computadora, móvil/celular, coche/c
 ``bench/data/everyday-fr.jsonl`` has the same items with French references, written by hand the same
 way (tu and vous, the infinitive of UI commands beside the imperative, common synonyms), and
 ``everyday-de.jsonl`` with German ones (du and Sie, the infinitive of UI commands beside the imperative);
-``set_for`` finds a language's set. Case-folding makes ß and ss one, and Sie and sie.
+``set_for`` finds a language's set. ``bench/data/everyday-dev.jsonl`` (192 other items, Spanish,
+written the same way, no source shared with the evaluation set) is for choosing settings, so that the
+evaluation set only reports: ``--set bench/data/everyday-dev.jsonl``. Case-folding makes ß and ss one,
+and Sie and sie.
 
 Every source goes through the serving engine's text layer with the bundle's decoding defaults, as the
 service translates it (``bench.evaluate.translate_onnx(..., text_layer=True)``: segmentation, masking,
