@@ -13,7 +13,7 @@ RUN ?= runs/$(notdir $(MODEL))
 # The tokenizer `make train` trains with: the shipped one unless told (see `make tokenizer`).
 TOKENIZER ?= $(MODEL)/tokenizer.model
 
-.PHONY: help install system-deps run serve bundle bundles corpus data-check tokenizer train release average keep-terms memory calibrate-int8 lexicon tune-decoding evaluate model-card model model-from-gpu finish-model bench bench-batching gpu-check gpu-pack proto lint test weblate stack-test fuzz soak mutation clean
+.PHONY: help install system-deps run serve bundle bundles corpus data-check tokenizer train release average keep-terms memory dictionary-terms calibrate-int8 lexicon tune-decoding evaluate model-card model model-from-gpu finish-model bench bench-batching gpu-check gpu-pack proto lint test weblate stack-test fuzz soak mutation clean
 
 # Every target, one line each (tests/test_cli.py checks that none is missing).
 help:
@@ -46,6 +46,7 @@ help:
 	@echo "  make release         copy the run's best weights (or RELEASE=dir) and their tokenizer into $(MODEL)/"
 	@echo "  make keep-terms      learn the do-not-translate list and source words into $(MODEL)/ (~20 s)"
 	@echo "  make memory          the translation memory (Debian's agreed translations) into $(MODEL)/ (~10 s)"
+	@echo "  make dictionary-terms the dictionary entries the catalogs seldom hold into $(MODEL)/ (~5 s)"
 	@echo "  make calibrate-int8  the int8 variant's activation ranges, measured on valid, into $(MODEL)/ (seconds)"
 	@echo "  make lexicon         the word list of the lexical guard (hunspell expanded) of CORPUS_LANG into $(MODEL)/ (~1 min)"
 	@echo "  make tune-decoding   choose the decoding defaults of $(MODEL) on the valid split (its decoding.json)"
@@ -117,7 +118,7 @@ system-deps:
 	    pkg-config gcc python3-dev liblz4-dev libzstd-dev libxxhash-dev libacl1-dev libcairo2-dev \
 	    libgirepository1.0-dev gir1.2-pango-1.0 libtesseract-dev libleptonica-dev >/dev/null; }
 
-$(BUNDLE)/manifest.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(MODEL)/tokenizer.model $(wildcard $(MODEL)/decoding.json $(MODEL)/keep_terms.txt $(MODEL)/source_words.txt $(MODEL)/memory.jsonl.gz $(MODEL)/lexicon.txt.gz $(MODEL)/int8_ranges.json) | install
+$(BUNDLE)/manifest.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(MODEL)/tokenizer.model $(wildcard $(MODEL)/decoding.json $(MODEL)/keep_terms.txt $(MODEL)/source_words.txt $(MODEL)/memory.jsonl.gz $(MODEL)/lexicon.txt.gz $(MODEL)/dictionary_terms.tsv $(MODEL)/int8_ranges.json) | install
 	$(PY) -m export --checkpoint $(MODEL) --out $(BUNDLE)
 
 bundle: $(BUNDLE)/manifest.json
@@ -183,6 +184,12 @@ keep-terms: data-check install
 memory: data-check install
 	$(PY) -m model.memory --data $(DATA) --out $(MODEL)/memory.jsonl.gz
 
+# The text layer's dictionary terms: entries of the bilingual dictionaries that the catalogs seldom hold and
+# that translate one way (model/dictionary_terms.py; words of the translations checked with the lexicon).
+dictionary-terms: data-check install
+	$(PY) -m model.dictionary_terms --data $(DATA) --out $(MODEL)/dictionary_terms.tsv \
+	  $(if $(wildcard $(MODEL)/lexicon.txt.gz),--lexicon $(MODEL)/lexicon.txt.gz)
+
 # The int8 variant's activation scales: each linear layer's input range per channel on valid pairs
 # (export/calibrate.py); the export reads them (export/int8.py), else it scales rows at run time.
 calibrate-int8: data-check install
@@ -239,7 +246,7 @@ finish-model: data-check install
 	@if $(PY) -c 'import sys; from model.languages import language; sys.exit(not language("$(CORPUS_LANG)").hunspell)'; \
 	then $(MAKE) --no-print-directory lexicon; \
 	else echo "no hunspell dictionary for $(CORPUS_LANG) in model/languages.py: the lexical guard stays off"; fi
-	$(MAKE) --no-print-directory release keep-terms memory calibrate-int8 RELEASE=$(RELEASE)
+	$(MAKE) --no-print-directory release keep-terms memory dictionary-terms calibrate-int8 RELEASE=$(RELEASE)
 	$(MAKE) --no-print-directory tune-decoding model-card
 
 # The report goes to runs/eval.json (the model card's own reports, in $(MODEL)/, are make model-card's).

@@ -242,18 +242,20 @@ def translate_onnx(
     text_layer: bool = False,
     memory: bool = True,
     lexical_guard: bool = True,
+    dictionary_terms: bool = True,
 ) -> Translation:
     """The serving engine in-process: ``Engine.translate`` (the raw model path: a text over
     max_source_tokens is skipped, an empty output) or, with `text_layer`, ``Engine.translate_texts`` (what
     the service does: segmentation, masking, restoring; long texts are split, so none is skipped unless
     the text layer refuses it). Same length-sorted batches either way. `memory`: the text layer answers
     from the bundle's translation memory, as the service does by default; `lexical_guard`: its lexical
-    guard (a hypothesis with a word in no dictionary gives way) is on, likewise."""
+    guard (a hypothesis with a word in no dictionary gives way) is on, likewise, and so are its dictionary
+    terms (`dictionary_terms`: words the catalogs seldom hold, as the dictionaries translate them)."""
     from server.engine import DecodingOptions, Engine  # lazy: the torch backend must not need it
 
     engine = Engine(
         bundle, variant=variant, device=device, intra_op_threads=threads, memory=memory,
-        lexical_guard=lexical_guard,
+        lexical_guard=lexical_guard, dictionary_terms=dictionary_terms,
     )  # fmt: skip
     engine.warmup()
     options = DecodingOptions(
@@ -267,6 +269,7 @@ def translate_onnx(
         "text_layer": text_layer,
         "memory": text_layer and bool(engine.memory),
         "lexical_guard": text_layer and engine.lexicon is not None,
+        "dictionary_terms": len(engine.dictionary_terms or ()) if text_layer else 0,
         "bundle": str(bundle),
         "variant": variant,
         "name": getattr(engine, "name", None),
@@ -453,6 +456,7 @@ def translate_model(args: argparse.Namespace, texts: list[str]) -> Translation:
             args.bundle, args.variant, texts, args.beam, args.length_penalty, args.batch_size, args.device,
             args.threads, args.repetition_penalty, args.no_repeat_ngram_size, text_layer=args.text_layer,
             memory=not args.no_memory, lexical_guard=not args.no_lexical_guard,
+            dictionary_terms=not args.no_dictionary_terms,
         )  # fmt: skip
     if args.model is None:
         raise SystemExit("--model (or --bundle) is required")
@@ -629,6 +633,11 @@ def main(argv: list[str] | None = None) -> None:
         "--no-lexical-guard",
         action="store_true",
         help="--text-layer: turn the lexical guard off (a hypothesis with a word in no dictionary is kept)",
+    )
+    parser.add_argument(
+        "--no-dictionary-terms",
+        action="store_true",
+        help="--text-layer: leave the bundle's dictionary terms out (the model translates every word)",
     )
     parser.add_argument(
         "--lexicon",

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from bench import evaluate, everyday, held_out_catalog, unseen_words
 from model.languages import Language, corpus_language, manifest_language
+from runtime.faithful.dictionary import DICTIONARY_FILE
 from runtime.faithful.terms import read_term_list
 
 REPORTS = {
@@ -317,6 +318,19 @@ def _unseen_words_note(model_dir: Path, report: dict) -> list[str]:
     return out
 
 
+def _dictionary_terms_lines(path: Path) -> list[str]:
+    """The text layer's dictionary terms (runtime/faithful/dictionary.py), as their file's header says."""
+    if not path.is_file():
+        return []
+    header = [line[2:] for line in path.read_text(encoding="utf-8").splitlines()[:3] if line.startswith("# ")]
+    command = next((h for h in header if h.startswith("python -m")), "")
+    counts = header[-1] if len(header) == 3 else ""
+    return [
+        f"Dictionary terms of the text layer (`{DICTIONARY_FILE}`, `{command}`): {counts}; the service writes "
+        'their translation in place of such a word (docs/service.md, "Dictionary terms").'
+    ]
+
+
 def render(args: argparse.Namespace) -> str:
     reports = {
         k: json.loads((args.model / v).read_text()) for k, v in REPORTS.items() if (args.model / v).exists()
@@ -416,6 +430,7 @@ def render(args: argparse.Namespace) -> str:
         f"dedupe within each split. Split by package family: train {counts['train']:,}, valid {counts['valid']:,} "
         f"({novel.get('valid', '?'):,} novel), test {counts['test']:,} ({novel.get('test', '?'):,} novel).",
         f"Test families: {', '.join(manifest['families']['test'])}; valid: {', '.join(manifest['families']['valid'])}.",
+        *_dictionary_terms_lines(args.model / DICTIONARY_FILE),
         "",
         "## Model",
         "",

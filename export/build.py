@@ -32,6 +32,7 @@ from runtime.bundle import (
     file_entry,
     sha256_file,
 )
+from runtime.faithful.dictionary import DICTIONARY_FILE
 from runtime.faithful.lexicon import LEXICON_FILE
 from runtime.faithful.memory import MEMORY_FILE
 
@@ -157,6 +158,7 @@ def export_bundle(
             ("source_words", SOURCE_WORDS),
             ("memory", MEMORY_FILE),
             ("lexicon", LEXICON_FILE),
+            ("dictionary_terms", DICTIONARY_FILE),
         )
         for key, file in lists:
             if (checkpoint / file).is_file():  # listed under "files" (sha256) like every file of the stage

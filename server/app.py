@@ -116,6 +116,7 @@ def default_engine_factory(bundle_dir: Path, config: ServerConfig) -> Any:
         intra_op_threads=config.threads,
         memory=config.memory,
         lexical_guard=config.lexical_guard,
+        dictionary_terms=config.dictionary_terms,
         cuda_tf32=config.cuda_tf32,
     )
 

@@ -88,6 +88,7 @@ class ServerConfig:
     warmup: bool = True
     memory: bool = True  # answer texts the bundle's translation memory has with Debian's own translation
     lexical_guard: bool = True  # a segment's best hypothesis with a word in no dictionary gives way
+    dictionary_terms: bool = True  # words the catalogs seldom hold, translated as the dictionaries do
     log_level: str = "INFO"  # DEBUG | INFO | WARNING | ERROR | CRITICAL, any case
 
     @property
@@ -310,6 +311,9 @@ HELP = {
     "lexical_guard": "a segment whose best hypothesis holds a word in none of the bundle's dictionaries "
     "(not copied from the source, nor a memory or do-not-translate term) takes the next hypothesis "
     "without one, else keeps it with a note (off, or a bundle without a lexicon: no guard)",
+    "dictionary_terms": "translate a word or phrase that Debian's catalogs seldom hold as the bundle's "
+    "bilingual dictionaries do, when they give one translation (off, or a bundle without "
+    "dictionary_terms.tsv: the model translates it)",
     "log_level": "DEBUG, INFO, WARNING, ERROR or CRITICAL (any case)",
 }
 

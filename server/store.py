@@ -30,6 +30,7 @@ import shlex
 from pathlib import Path
 
 from runtime.bundle import BundleError, manifest_pairs
+from runtime.faithful.dictionary import DICTIONARY_FILE
 from runtime.faithful.lexicon import LEXICON_FILE
 from runtime.faithful.memory import MEMORY_FILE
 
@@ -64,6 +65,7 @@ EXPORTED_FROM = (
     "source_words.txt",
     MEMORY_FILE,
     LEXICON_FILE,
+    DICTIONARY_FILE,
 )
 
 

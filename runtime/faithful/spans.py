@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -54,6 +54,7 @@ KINDS = (
     "name",
     "unknown",
     "quoted",
+    "dictionary",
     "number",
     "symbol",
     "control",
@@ -269,13 +270,16 @@ def find_spans(
     glossary: Glossary | None = None,
     rare_char: Callable[[str], bool] | None = None,
     unknown_word: Callable[[str], bool] | None = None,
+    dictionary: Callable[[str], Iterable[tuple[int, int, str]]] | None = None,
 ) -> list[Span]:
     """Every protected span of `text`, in order, without overlaps.
 
     keep_terms: words kept as they are (the model's do-not-translate list), matched case-sensitively as
     whole words. rare_char(ch): whether the tokenizer can only spell `ch` byte by byte; a word holding one
     is protected (the model has hardly seen it and garbles it). unknown_word(w): whether the model never
-    saw the word; a capitalised one is a name it cannot know (Openbox, Guake) and is kept."""
+    saw the word; a capitalised one is a name it cannot know (Openbox, Guake) and is kept. dictionary(text):
+    (start, end, translation) of the words and phrases the bundle's dictionary terms translate
+    (runtime.faithful.dictionary)."""
     found: list[Span] = []
     if glossary is not None and (pat := glossary.pattern()) is not None:
         for m in pat.finditer(text):
@@ -310,6 +314,8 @@ def find_spans(
         for m in _QUOTED_WORD.finditer(text):
             if unknown_word(m.group(1)):
                 found.append(Span(m.start(1), m.end(1), "quoted", m.group(1), m.group(1)))
+    if dictionary is not None:
+        found += [Span(a, b, "dictionary", text[a:b], target) for a, b, target in dictionary(text)]
     found += _matches(_NUMBER, text, "number")
     found += _runs(text, is_symbol_char, "symbol", glue=" ")
     found += _runs(text, is_control_char, "control")

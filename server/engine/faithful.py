@@ -27,6 +27,7 @@ from functools import lru_cache
 
 from runtime.decoding import DecodingOptions
 from runtime.faithful.casing import match_first_case
+from runtime.faithful.dictionary import DictionaryTerms
 from runtime.faithful.lexicon import WORD, Lexicon, guard_reason, non_words
 from runtime.faithful.mask import SENTINEL_PATTERN, Masked, mask, repair, restore
 from runtime.faithful.memory import MemoryEntry, note_reason
@@ -47,7 +48,7 @@ SEGMENT_TOKENS = 96
 # are another tool's masks it has never seen (Weblate's `[X7X]`). Code (runtime.faithful.code) stays
 # visible like placeholders and is verified: masked from the start, the held-out make, findutils, sed and
 # cpio catalogs scored up to 0.4 chrF lower, with as few quoting failures.
-HIDDEN_KINDS = frozenset({"glossary", "mask", "symbol", "control", "foreign", "rare"})
+HIDDEN_KINDS = frozenset({"glossary", "dictionary", "mask", "symbol", "control", "foreign", "rare"})
 
 # The lexical guard's second try: a unit whose every hypothesis holds a non-word is decoded again with a
 # beam this many times wider (on valid, beam 8 found a clean hypothesis for about half of them).
@@ -102,6 +103,7 @@ class TextLayer:
         memory: Mapping[str, MemoryEntry] | None = None,
         lexicon: Lexicon | None = None,
         max_beam_size: int = 0,
+        dictionary: DictionaryTerms | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.memory = memory or {}
@@ -113,6 +115,8 @@ class TextLayer:
         self.segment_tokens = min(max_source_tokens, SEGMENT_TOKENS)
         self.keep_terms = frozenset(keep_terms)
         self.source_words = frozenset(source_words)
+        # Words the catalogs seldom hold, as the dictionaries translate them (runtime.faithful.dictionary).
+        self.dictionary = dictionary if dictionary else None
         self._byte_piece = lru_cache(maxsize=8192)(self._is_rare)
         self._unknown = lru_cache(maxsize=65536)(self._is_unknown) if self.source_words else None
         self._plain_spans = lru_cache(maxsize=4096)(lambda text: tuple(self._find_spans(text, None)))
@@ -141,6 +145,7 @@ class TextLayer:
             glossary=glossary,
             rare_char=self._byte_piece,
             unknown_word=self._unknown,
+            dictionary=self.dictionary.find if self.dictionary is not None else None,
         )
 
     def _tokens(self, text: str) -> int:
@@ -200,7 +205,8 @@ class TextLayer:
         entry = self.memory.get(piece)
         if entry is None:
             return None
-        spans = self.spans(piece, gloss)
+        # A dictionary term gives way to the human translation (which need not hold it verbatim).
+        spans = [s for s in self.spans(piece, gloss) if s.kind != "dictionary"]
         if any(s.kind == "glossary" for s in spans):
             return None
         # visible: the spans the model's alternatives must keep too, when n-best is asked (_round).
@@ -237,7 +243,10 @@ class TextLayer:
             if not u.masked.translatable:  # only spans: as they are (a glossary term as its target)
                 kept = restore(u.masked, u.masked.text, u.visible)[0]
                 u.cands = [(kept if kept is not None else u.masked.source, 0.0, [])]
-                u.note = SegmentNote("passed_through", u.start, u.end, "nothing to translate")
+                # Only spans; a dictionary term among them is a translation, not the source kept.
+                dictionary = any(s.kind == "dictionary" for s in u.masked.spans)
+                reason = "the bundle's dictionary translates it" if dictionary else "nothing to translate"
+                u.note = SegmentNote("passed_through", u.start, u.end, reason)
                 continue
             u.index = index.setdefault(u.masked.text, len(segments))
             if u.index == len(segments):

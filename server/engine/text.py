@@ -23,6 +23,7 @@ from runtime.bundle import BundleError, load_manifest
 from runtime.decoding import DecodingOptions
 from runtime.decoding import check_options as _check_options
 from runtime.decoding import max_output_length as _max_output_length
+from runtime.faithful.dictionary import read_dictionary_terms
 from runtime.faithful.lexicon import read_lexicon
 from runtime.faithful.memory import read_memory
 from runtime.faithful.terms import read_term_list
@@ -64,6 +65,7 @@ class Engine:
         io_binding: bool | None = None,
         memory: bool = True,
         lexical_guard: bool = True,
+        dictionary_terms: bool = True,
         cuda_tf32: bool = True,
     ) -> None:
         self.bundle_dir = Path(bundle_dir)
@@ -133,12 +135,20 @@ class Engine:
                 self.lexicon = read_lexicon(self.bundle_dir / m["lexicon"])
             except (OSError, EOFError, ValueError) as e:
                 raise BundleError(f"cannot read the lexicon: {e}") from e
+        # Words the catalogs seldom hold, translated as the dictionaries do (off: not even loaded).
+        self.dictionary_terms = None
+        if dictionary_terms and m.get("dictionary_terms"):
+            try:
+                self.dictionary_terms = read_dictionary_terms(self.bundle_dir / m["dictionary_terms"])
+            except (OSError, UnicodeDecodeError, ValueError) as e:
+                raise BundleError(f"cannot read the dictionary terms: {e}") from e
         self.text_layer = TextLayer(
             self.tokenizer,
             self.max_source_tokens,
             **lists,
             memory=self.memory,
             lexicon=self.lexicon,
+            dictionary=self.dictionary_terms,
             max_beam_size=self.max_beam_size,
         )
         self.last_stats: dict[str, Any] = {}
