@@ -103,10 +103,8 @@ def test_the_text_layer_writes_the_dictionary_translation_in_the_terms_place(lay
     out = layer.finish(first, [[Hypothesis("Estoy buscando una %1.", -0.4, [5])]])
     assert not isinstance(out, Prepared)
     assert [hyps[0].text for hyps in out] == ["Estoy buscando una farmacia.", "Buenos días"]
-    assert out[0][0].notes == ()  # the model's translation, a word of it the dictionary's
-    assert [(n.action, n.reason) for n in out[1][0].notes] == [
-        ("passed_through", "the bundle's dictionary translates it")
-    ]
+    # no note: a translation, a word of it or all of it the dictionary's (not the source kept)
+    assert out[0][0].notes == () and out[1][0].notes == ()
 
 
 def test_the_memory_the_glossary_and_the_option_come_first(layer):

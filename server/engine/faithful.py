@@ -243,10 +243,10 @@ class TextLayer:
             if not u.masked.translatable:  # only spans: as they are (a glossary term as its target)
                 kept = restore(u.masked, u.masked.text, u.visible)[0]
                 u.cands = [(kept if kept is not None else u.masked.source, 0.0, [])]
-                # Only spans; a dictionary term among them is a translation, not the source kept.
-                dictionary = any(s.kind == "dictionary" for s in u.masked.spans)
-                reason = "the bundle's dictionary translates it" if dictionary else "nothing to translate"
-                u.note = SegmentNote("passed_through", u.start, u.end, reason)
+                # Only spans. A dictionary term among them is a translation (unnoted, as one inside a
+                # sentence is), not the source kept: a catalog client would leave the entry out.
+                if not any(s.kind == "dictionary" for s in u.masked.spans):
+                    u.note = SegmentNote("passed_through", u.start, u.end, "nothing to translate")
                 continue
             u.index = index.setdefault(u.masked.text, len(segments))
             if u.index == len(segments):
