@@ -246,7 +246,10 @@ finish-model: data-check install
 	@if $(PY) -c 'import sys; from model.languages import language; sys.exit(not language("$(CORPUS_LANG)").hunspell)'; \
 	then $(MAKE) --no-print-directory lexicon; \
 	else echo "no hunspell dictionary for $(CORPUS_LANG) in model/languages.py: the lexical guard stays off"; fi
-	$(MAKE) --no-print-directory release keep-terms memory dictionary-terms calibrate-int8 RELEASE=$(RELEASE)
+	$(MAKE) --no-print-directory release keep-terms memory calibrate-int8 RELEASE=$(RELEASE)
+	@if $(PY) -c 'import sys; from model.languages import language; sys.exit(not language("$(CORPUS_LANG)").dictionary_terms)'; \
+	then $(MAKE) --no-print-directory dictionary-terms; \
+	else echo "$(CORPUS_LANG) ships no dictionary terms (model/languages.py: its valid split does not gain)"; fi
 	$(MAKE) --no-print-directory tune-decoding model-card
 
 # The report goes to runs/eval.json (the model card's own reports, in $(MODEL)/, are make model-card's).

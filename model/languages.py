@@ -70,6 +70,9 @@ class Language:
     # guardando+gliela): the lexicon file writes a stem that takes every one of them once, marked,
     # instead of one word per ending (hunspell-it's 3.1 million forms are 2.6 million such words).
     lexicon_tails: tuple[str, ...] = ()
+    # Whether its model ships the text layer's dictionary terms (model/dictionary_terms.py): decided on
+    # its valid split (session 48: Spanish and Brazilian Portuguese gain; German, French, Italian do not).
+    dictionary_terms: bool = False
 
     @property
     def help_package(self) -> str:
@@ -137,6 +140,7 @@ LANGUAGES: dict[str, Language] = {
             apertium="eng-spa",  # the mode apertium-eng-spa installs (no en-es in Debian 12)
             hunspell="hunspell-es",
             hunspell_dicts=("es_*",),  # all of them, as the shipped lexicon was built: links to es_ES.dic
+            dictionary_terms=True,
         ),
         Language(
             "fr",
@@ -179,6 +183,7 @@ LANGUAGES: dict[str, Language] = {
             hunspell="hunspell-pt-br",
             hunspell_dicts=("pt_BR",),
             lexicon_tails=_PORTUGUESE_DERIVATIONS,
+            dictionary_terms=True,
         ),
     )
 }
