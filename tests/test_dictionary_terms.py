@@ -40,6 +40,7 @@ def test_terms_are_found_longest_first_as_whole_plain_words():
     # not in capitals, camel case or a title-cased phrase; not inside hyphenated or apostrophised words
     assert found("PHARMACY pHarmacy Good Morning") == [("Morning", "mañana")]
     assert found("pharmacy-style morning's pharmacy_x") == []
+    assert DictionaryTerms({"caf": "café", "na": "no"}).find("Let's meet at the café, naïve") == []
     assert found("good  morning") == [("morning", "mañana")]  # a phrase's words one space apart
     assert DictionaryTerms({}).find("pharmacy") == [] and len(TERMS) == 4
 

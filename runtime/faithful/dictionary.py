@@ -11,9 +11,10 @@ translation memory and the do-not-translate terms come first.
 
 Matching (`DictionaryTerms.find`): whole words, longest entry first, every word in lower case or
 capitalised (`Pharmacy`, not `PHARMACY` or `iPhone`), only the first one capitalised, words joined by
-single spaces, not part of a hyphenated or apostrophised word (`follow-up`, `user's`). The translation
-is written as the dictionary has it (`viernes` for `Friday`), with a capital first letter where the
-source's term is capitalised at the start of a text or sentence (`Farmacia cerrada`).
+single spaces, not part of a longer word (`café`, `naïve`) nor of a hyphenated or apostrophised one
+(`follow-up`, `user's`). The translation is written as the dictionary has it (`viernes` for
+`Friday`), with a capital first letter where the source's term is capitalised at the start of a text or
+sentence (`Farmacia cerrada`).
 
 File format: UTF-8 text; `#` lines are comments (the first says how it was made), every other line is
 `phrase<TAB>translation`, the phrase in lower case.
@@ -37,6 +38,12 @@ DICTIONARY_FILE = "dictionary_terms.tsv"  # in a model directory and in its bund
 MAX_WORDS = 4  # the longest phrase an entry may hold
 _WORD = re.compile(r"[A-Za-z]+")
 _JOINERS = "-'’_"  # a word next to one of these is part of a longer token (follow-up, user's, snake_case)
+
+
+def _joined(ch: str) -> bool:
+    """Whether a character next to a match makes it part of a longer word: a letter or digit the ASCII
+    word pattern left out (`caf` of `café`), or a joiner."""
+    return ch.isalnum() or ch in _JOINERS
 
 
 def _plain_shape(word: str) -> bool:
@@ -70,7 +77,7 @@ class DictionaryTerms:
                 if any(text[a.end() : b.start()] != " " for a, b in zip(span, span[1:], strict=False)):
                     continue
                 start, end = span[0].start(), span[-1].end()
-                if (start and text[start - 1] in _JOINERS) or (end < len(text) and text[end] in _JOINERS):
+                if (start and _joined(text[start - 1])) or (end < len(text) and _joined(text[end])):
                     continue
                 target = self.entries.get(" ".join(w.group() for w in span).lower())
                 if target is None:
