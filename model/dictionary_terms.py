@@ -42,12 +42,11 @@ from pathlib import Path
 from tqdm import tqdm
 
 from model.dictionaries import software_packages
-from runtime.faithful.dictionary import DICTIONARY_FILE, MAX_WORDS, write_dictionary_terms
+from runtime.faithful.dictionary import DICTIONARY_FILE, MAX_WORDS, TERM_WORD, write_dictionary_terms
 from runtime.faithful.lexicon import WORD, Lexicon, read_lexicon
 
 MAX_CATALOG_SOURCES = 10
 _ENTRY = re.compile(rf"[a-z]+(?: [a-z]+){{0,{MAX_WORDS - 1}}}")
-_SOURCE_WORD = re.compile(r"[A-Za-z]+")
 
 
 def collect(jsonl: Path, lexicon: Lexicon | None, progress: bool = False) -> tuple[dict, list[str]]:
@@ -75,7 +74,7 @@ def catalog_counts(entries: set[str], sources: list[str]) -> Counter:
     """How many of the sources hold each entry as whole words (any case)."""
     counts: Counter = Counter()
     for text in sources:
-        words = [w.lower() for w in _SOURCE_WORD.findall(text)]
+        words = [w.lower() for w in TERM_WORD.findall(text)]
         seen = set()
         for n in range(1, MAX_WORDS + 1):
             for i in range(len(words) - n + 1):

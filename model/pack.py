@@ -10,7 +10,7 @@ only). The pack keeps exactly what training uses:
 
 * train and valid pairs as written in the corpus (one escaped line each, runtime.splits' format);
 * per train pair, how many packages ship it and whether only bilingual dictionaries give it
-  (model.train.pair_provenance: the 1 + log2(n) repeats, `--repeat-dictionaries`);
+  (model.dictionaries.pair_provenance: the 1 + log2(n) repeats, `--repeat-dictionaries`);
 * per valid pair, whether its source is novel (the checkpoint criterion);
 * the commonest UI strings of train with their accepted answers (model.common_strings);
 * the tokenizer model and a pack.json naming the language, the counts and the source files' sha256.
@@ -50,7 +50,7 @@ class Pack:
     train: list[tuple[str, str]]
     valid: list[tuple[str, str]]
     train_packages: list[int]
-    train_dictionary: list[bool]  # only bilingual dictionaries give the pair (packs of before: all False)
+    train_dictionary: list[bool]  # only bilingual dictionaries give the pair (packs of before: empty)
     valid_novel: list[bool]
     common: list[CommonString]
     tokenizer_model: bytes

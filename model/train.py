@@ -410,11 +410,6 @@ def repeat_frequent(
     return repeat_by_counts(pairs, counts, dictionary_only, dictionaries)
 
 
-def package_counts(jsonl: Path) -> list[int]:
-    """Packages that ship each pair of a split, from its jsonl."""
-    return pair_provenance(jsonl)[0]
-
-
 def repeat_by_counts(
     pairs: list[tuple[str, str]],
     counts: list[int],

@@ -9,9 +9,10 @@ import torch
 from safetensors.torch import load_file
 
 from model.corpus import Pair, write_splits
+from model.dictionaries import pair_provenance
 from model.gpu_train import build_parser, dequantize_int8, main, model_config, quantize_int8
 from model.pack import make_pack, read_pack
-from model.train import load_release, package_counts, repeat_by_counts
+from model.train import load_release, repeat_by_counts
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 TOKENIZER = Path(__file__).resolve().parent.parent / "models" / "en-es-small" / "tokenizer.model"
@@ -48,7 +49,7 @@ def test_the_pack_keeps_what_training_reads(corpus, pack):
     p = read_pack(pack)
     assert p.meta["target_language"] == "it" and p.meta["pairs"] == {"train": 16, "valid": 8}
     assert p.train[0] == ("Open the file\nnow", "Abrir el archivo\nahora")  # newlines survive
-    assert p.train_packages == package_counts(corpus / "train.jsonl") == [1] * 8 + [4] * 8
+    assert p.train_packages == pair_provenance(corpus / "train.jsonl")[0] == [1] * 8 + [4] * 8
     # 1 + log2(4) = 3 copies of each four-package pair, as model.train's repeat_frequent gives
     assert len(repeat_by_counts(p.train, p.train_packages)) == 8 + 3 * 8
     assert p.train_dictionary == [False] * 16  # no dictionary among the fixture's packages

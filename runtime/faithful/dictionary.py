@@ -29,6 +29,7 @@ from pathlib import Path
 __all__ = [
     "DICTIONARY_FILE",
     "MAX_WORDS",
+    "TERM_WORD",
     "DictionaryTerms",
     "read_dictionary_terms",
     "write_dictionary_terms",
@@ -36,7 +37,7 @@ __all__ = [
 
 DICTIONARY_FILE = "dictionary_terms.tsv"  # in a model directory and in its bundle
 MAX_WORDS = 4  # the longest phrase an entry may hold
-_WORD = re.compile(r"[A-Za-z]+")
+TERM_WORD = re.compile(r"[A-Za-z]+")  # a word of an entry, in a text (model.dictionary_terms counts so too)
 _JOINERS = "-'’_"  # a word next to one of these is part of a longer token (follow-up, user's, snake_case)
 
 
@@ -64,7 +65,7 @@ class DictionaryTerms:
         """(start, end, translation) of each entry found in `text`, in order, without overlaps."""
         if not self.entries:
             return []
-        words = list(_WORD.finditer(text))
+        words = list(TERM_WORD.finditer(text))
         taken = [False] * len(words)
         found = []
         for n in range(min(self.max_words, len(words)), 0, -1):
