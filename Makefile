@@ -140,10 +140,11 @@ run serve: install
 # EXTRA_CATALOGS=1 (opt-in, off by default: the shipped cards were computed without it) adds the catalogs
 # of Debian packages outside the ranked list to train only (model/extra_catalogs.py); give it its own DATA.
 # EXTRA_DOCS=1 (opt-in too) adds Debian's translated documentation, train only (model/extra_docs.py).
+# EXTRA_QT=1 (opt-in too) adds the Qt catalogs (.qm) of packages outside the ranked list (model/extra_qt.py).
 corpus: install
 	@command -v lt-print >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	  apt-get install -y -qq --no-install-recommends lttoolbox-dev >/dev/null; }
-	$(PY) -m model.corpus --lang $(CORPUS_LANG) --out $(DATA)$(if $(EXTRA_CATALOGS), --extra-catalogs)$(if $(EXTRA_DOCS), --extra-docs)
+	$(PY) -m model.corpus --lang $(CORPUS_LANG) --out $(DATA)$(if $(EXTRA_CATALOGS), --extra-catalogs)$(if $(EXTRA_DOCS), --extra-docs)$(if $(EXTRA_QT), --extra-qt)
 
 # A new tokenizer goes to runs/tokenizer/, never over $(MODEL)/tokenizer.model: the shipped weights only
 # work with the tokenizer they were trained with. To adopt a new one, train on it and release both:

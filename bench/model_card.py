@@ -318,6 +318,23 @@ def _unseen_words_note(model_dir: Path, report: dict) -> list[str]:
     return out
 
 
+def corpus_command(manifest: dict, code: str, data: Path) -> str:
+    """The `model.corpus` command that builds the corpus `manifest` describes, opt-in sources and their
+    limits included, so that the card's command reproduces the data."""
+    command = f"python -m model.corpus --lang {code} --out {data}"
+    if "extra_catalogs" in manifest:
+        limits = manifest["extra_catalogs"]["limits"]
+        command += (
+            f" --extra-catalogs --max-extra-packages {limits['max_packages']} "
+            f"--max-extra-bytes {limits['max_bytes']}"
+        )
+    if "extra_docs" in manifest:
+        command += f" --extra-docs --max-docs-bytes {manifest['extra_docs']['limits']['max_bytes']}"
+    if "extra_qt" in manifest:
+        command += " --extra-qt"
+    return command
+
+
 def _dictionary_terms_lines(path: Path) -> list[str]:
     """The text layer's dictionary terms (runtime/faithful/dictionary.py), as their file's header says."""
     if not path.is_file():
@@ -423,7 +440,7 @@ def render(args: argparse.Namespace) -> str:
         "",
         "## Data",
         "",
-        f"`python -m model.corpus --lang {lang.code} --out {args.data}`: {manifest['sources']}, from the top {manifest['top_packages']} "
+        f"`{corpus_command(manifest, lang.code, args.data)}`: {manifest['sources']}, from the top {manifest['top_packages']} "
         "packages of `shared/data/debian-l10n-packages.tsv`; the packages ranked past that stay out of training "
         "(unseen material for tests and evaluations).",
         f"{manifest['pairs_after_cleaning']:,} pairs after cleaning, {manifest['pairs_after_dedupe']:,} after "

@@ -573,11 +573,13 @@ def build(
     max_extra_bytes: int | None = None,
     extra_docs: bool = False,
     max_docs_bytes: int | None = None,
+    extra_qt: bool = False,
 ) -> dict:
     """Build the corpus into `out` and return its manifest. `extra_catalogs` (opt-in) adds the catalogs of
     Debian packages outside the ranked list to train only (model/extra_catalogs.py); without it the
     corpus is byte for byte the one the shipped models' cards were computed on. `extra_docs` (opt-in) adds
-    Debian's translated documentation, train only (model/extra_docs.py)."""
+    Debian's translated documentation, and `extra_qt` (opt-in) the Qt catalogs of packages outside the
+    ranked list, train only (model/extra_docs.py, model/extra_qt.py)."""
     started = time.time()
     target = language(lang)
     packages = read_package_list(package_list, top, target.code)
@@ -629,6 +631,11 @@ def build(
         splits, docs_record = docs.add_extra_docs(
             splits, target, package_list, top, cache_dir, max_bytes=max_docs_bytes or docs.DEFAULT_MAX_BYTES
         )
+    qt_record = None
+    if extra_qt:
+        from model import extra_qt as qt
+
+        splits, qt_record = qt.add_extra_qt(splits, target, package_list, cache_dir, workers=workers)
     novel = {name: sum(bool(p.novel) for p in splits[name]) for name in ("valid", "test")}
     checksums = write_splits(out, splits, target.code)
     per_package: dict[str, Counter] = defaultdict(Counter)
@@ -666,6 +673,9 @@ def build(
     if docs_record is not None:
         manifest["sources"] += f"; {docs_record['source']}"
         manifest["extra_docs"] = docs_record
+    if qt_record is not None:
+        manifest["sources"] += f"; {qt_record['source']}"
+        manifest["extra_qt"] = qt_record
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
     return manifest
 
@@ -719,6 +729,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--max-docs-bytes", type=int, default=None, help="--extra-docs: at most N bytes of source packages"
     )
+    parser.add_argument(
+        "--extra-qt",
+        action="store_true",
+        help="also train on the Qt catalogs (.qm) of Debian 12 packages outside the ranked list (train "
+        "only; model/extra_qt.py)",
+    )
     args = parser.parse_args(argv)
     cache = args.cache or args.out / "cache" / "debs"
     manifest = build(
@@ -734,6 +750,7 @@ def main(argv: list[str] | None = None) -> None:
         max_extra_bytes=args.max_extra_bytes,
         extra_docs=args.extra_docs,
         max_docs_bytes=args.max_docs_bytes,
+        extra_qt=args.extra_qt,
     )
     counts, record = manifest["counts"], manifest["language"]
     print(

@@ -28,7 +28,7 @@ import re
 import subprocess
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,6 +216,25 @@ def read_extra_package(job: tuple[str, str, str]) -> tuple[list[Pair], Counter]:
     return pairs, dropped
 
 
+def read_packages(
+    reader: Callable[[tuple[str, str, str]], tuple[list[Pair], Counter]],
+    jobs: list[tuple[str, str, str]],
+    workers: int,
+    desc: str,
+) -> tuple[list[Pair], Counter]:
+    """`reader` over (language code, package, deb) jobs in `workers` processes, with progress: all the
+    pairs, in job order, and the drop reasons summed."""
+    extra: list[Pair] = []
+    dropped: Counter = Counter()
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        progress = tqdm(pool.map(reader, jobs), total=len(jobs), desc=desc, unit="pkg")
+        for pairs, reasons in progress:
+            extra.extend(pairs)
+            dropped.update(reasons)
+            progress.set_postfix(pairs=len(extra))
+    return extra, dropped
+
+
 def merge_into_train(splits: dict[str, list[Pair]], extra: list[Pair]) -> tuple[dict[str, list[Pair]], dict]:
     """Append the extra pairs to train: deduplicated among themselves, without the pairs train has, and
     without those whose normalised source is in valid or test. Valid and test are returned untouched."""
@@ -238,6 +257,29 @@ def merge_into_train(splits: dict[str, list[Pair]], extra: list[Pair]) -> tuple[
     return {**splits, "train": train + kept}, counts
 
 
+def choose_packages(
+    catalogs: dict[str, set[str]],
+    domains: dict[str, set[str]],
+    package_list: Path,
+    lang: Language,
+    max_packages: int,
+    max_bytes: int,
+    label: str,
+) -> tuple[list[str], Counter, list[str]]:
+    """The candidates among the packages shipping `catalogs` (``select_candidates``' rules), the exclusion
+    counts, and the packages to fetch within the limits (``bounded``), with a summary line."""
+    index = read_package_index()
+    candidates, excluded, _why = select_candidates(catalogs, domains, index, ranked_names(package_list, lang))
+    chosen, planned_bytes = bounded(candidates, catalogs, index, max_packages, max_bytes)
+    print(
+        f"{label} ({lang.code}): {len(catalogs)} packages ship them, {sum(excluded.values())} "
+        f"excluded {dict(excluded)}, {len(candidates)} candidates, fetching {len(chosen)} "
+        f"({planned_bytes / 1e6:.0f} MB)",
+        file=sys.stderr,
+    )
+    return candidates, excluded, chosen
+
+
 def add_extra_catalogs(
     splits: dict[str, list[Pair]],
     lang: Language,
@@ -252,25 +294,12 @@ def add_extra_catalogs(
     contents_cache = cache_dir.parent / "contents"
     contents_sha256 = fetch_contents(contents_cache)
     catalogs, domains = parse_contents(contents_lines(contents_cache), lang)
-    index = read_package_index()
-    candidates, excluded, _why = select_candidates(catalogs, domains, index, ranked_names(package_list, lang))
-    chosen, planned_bytes = bounded(candidates, catalogs, index, max_packages, max_bytes)
-    print(
-        f"extra catalogs ({lang.code}): {len(catalogs)} packages ship catalogs, {sum(excluded.values())} "
-        f"excluded {dict(excluded)}, {len(candidates)} candidates, fetching {len(chosen)} "
-        f"({planned_bytes / 1e6:.0f} MB)",
-        file=sys.stderr,
+    candidates, excluded, chosen = choose_packages(
+        catalogs, domains, package_list, lang, max_packages, max_bytes, "extra catalogs"
     )
     debs = download(chosen, cache_dir)
-    extra: list[Pair] = []
-    dropped: Counter = Counter()
     jobs = [(lang.code, p, str(debs[p])) for p in chosen if p in debs]
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        progress = tqdm(pool.map(read_extra_package, jobs), total=len(jobs), desc="reading extra", unit="pkg")
-        for pairs, reasons in progress:
-            extra.extend(pairs)
-            dropped.update(reasons)
-            progress.set_postfix(pairs=len(extra))
+    extra, dropped = read_packages(read_extra_package, jobs, workers, "reading extra")
     splits, counts = merge_into_train(splits, extra)
     used = sorted(debs)
     record = {
