@@ -23,8 +23,10 @@ overhead. Without an engine, the PyTorch KV-cache decoder is profiled instead, a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import json
+import multiprocessing
 import os
 import pstats
 import random
@@ -178,6 +180,67 @@ class TorchSystem(System):
         return out
 
 
+def _child_system(kind: str, name: str, path: str, option: str, threads: int, tokenizer: str) -> System:
+    """What a ProcessSystem runs: ``torch`` (`path` the model snapshot, `option` "kv" or "nocache") or
+    ``ct2`` (`path` the converted model, `option` the compute type)."""
+    tok = Tokenizer(Path(tokenizer))
+    if kind == "torch":
+        from model.train import load_release
+
+        torch.set_num_threads(threads)
+        return TorchSystem(name, load_release(Path(path)), tok, cache=option == "kv")
+    return CT2System(name, Path(path), option, tok, threads)
+
+
+def _serve(conn, *spec: str | int) -> None:  # noqa: ANN001 (a multiprocessing Connection)
+    """A ProcessSystem's child: builds the system, then answers ("pass", (texts, batch, beam)) with
+    run_pass's timings measured here and ("translate", (texts, beam)) with tokens, until None."""
+    system = _child_system(*spec)  # type: ignore[arg-type]
+    conn.send("ready")
+    while (request := conn.recv()) is not None:
+        op, payload = request
+        conn.send(run_pass(system, *payload) if op == "pass" else system.translate(*payload))
+
+
+class ProcessSystem(System):
+    """A system measured in a spawned process of its own, timed there. A process holding more than
+    one multi-threaded OpenMP user slows CTranslate2 several-fold (2 threads on the 2-core build
+    machine, session 49: 64 sentences at batch 1 in 0.40 s alone, 2.4 s once a second CTranslate2
+    translator or PyTorch's threads have run, even after that one is deleted), so each CTranslate2
+    compute type and PyTorch get a process, as each would in a deployment; the parent keeps PyTorch at
+    one thread and runs ONNX Runtime only."""
+
+    START_TIMEOUT_S = 300
+
+    def __init__(self, kind: str, name: str, path: Path, option: str, threads: int, tokenizer: Path) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.name = name
+        self.conn, child = context.Pipe()
+        spec = (kind, name, str(path), option, threads, str(tokenizer))
+        self.process = context.Process(target=_serve, args=(child, *spec), daemon=True)
+        self.process.start()
+        child.close()
+        if not self.conn.poll(self.START_TIMEOUT_S) or self.conn.recv() != "ready":
+            self.close()
+            raise RuntimeError(f"{name}: its process did not start")
+
+    def translate(self, texts: list[str], beam: int) -> list[list[int]]:
+        self.conn.send(("translate", (texts, beam)))
+        return self.conn.recv()
+
+    def run_pass(self, texts: list[str], batch: int, beam: int) -> tuple[float, list[float], list]:
+        self.conn.send(("pass", (texts, batch, beam)))
+        return self.conn.recv()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.conn.send(None)
+        self.process.join(timeout=10)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout=10)
+
+
 class CT2System(System):
     def __init__(self, name: str, ct2_dir: Path, compute_type: str, tok: Tokenizer, threads: int) -> None:
         from export.ctranslate2_spec import CT2Translator
@@ -252,6 +315,8 @@ def batches(texts: list[str], size: int) -> list[list[str]]:
 
 
 def run_pass(system: System, texts: list[str], batch: int, beam: int) -> tuple[float, list[float], list]:
+    if isinstance(system, ProcessSystem):
+        return system.run_pass(texts, batch, beam)  # timed in its own process
     outputs: list[list[int]] = []
     lats = []
     t_start = time.perf_counter()
@@ -480,7 +545,7 @@ def main(argv: list[str] | None = None) -> None:
         if s not in SYSTEMS:
             parser.error(f"unknown system {s}")
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(1)  # PyTorch's timed decoders run in processes of their own (ProcessSystem)
     try:
         torch.set_num_interop_threads(1)
     except RuntimeError:
@@ -491,6 +556,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # Snapshot the model directory: training may rewrite it while we run.
     tmp = Path(tempfile.mkdtemp(prefix="bench-"))
+    systems: dict[str, System] = {}
     try:
         snapshot = tmp / "model"
         shutil.copytree(args.model, snapshot)
@@ -520,11 +586,14 @@ def main(argv: list[str] | None = None) -> None:
             f"{args.threads} threads, load average {load_before[0]:.2f}; CPU: {describe(machine)}"
         )
 
-        systems: dict[str, System] = {}
         if "torch-nocache" in wanted:
-            systems["torch-nocache"] = TorchSystem("torch-nocache", model, tok, cache=False)
+            systems["torch-nocache"] = ProcessSystem(
+                "torch", "torch-nocache", snapshot, "nocache", args.threads, snapshot / "tokenizer.model"
+            )
         if "torch-kv" in wanted:
-            systems["torch-kv"] = TorchSystem("torch-kv", model, tok, cache=True)
+            systems["torch-kv"] = ProcessSystem(
+                "torch", "torch-kv", snapshot, "kv", args.threads, snapshot / "tokenizer.model"
+            )
         if any(s.startswith("ct2") for s in wanted):
             try:
                 from export.ctranslate2_spec import convert_model, vocabulary_pieces
@@ -532,7 +601,8 @@ def main(argv: list[str] | None = None) -> None:
                 ct2_dir = convert_model(model, vocabulary_pieces(snapshot / "tokenizer.model"), tmp / "ct2")
                 for name, ctype in (("ct2-fp32", "float32"), ("ct2-int8", "int8")):
                     if name in wanted:
-                        systems[name] = CT2System(name, ct2_dir, ctype, tok, args.threads)
+                        tokenizer = snapshot / "tokenizer.model"
+                        systems[name] = ProcessSystem("ct2", name, ct2_dir, ctype, args.threads, tokenizer)
             except ImportError as e:
                 notes.append(f"CTranslate2 skipped: {e}")
         engines = [("engine-fp32", args.bundle, "fp32"), ("engine-fp32-text", args.bundle, "fp32")]
@@ -646,7 +716,8 @@ def main(argv: list[str] | None = None) -> None:
             targets = [systems[n] for n in ENGINE_SYSTEMS if n in systems]
             if not targets:
                 log("\nno engine to profile; profiling the PyTorch KV-cache decoder instead, as an example")
-                targets = [systems.get("torch-kv") or TorchSystem("torch-kv", model, tok, cache=True)]
+                torch.set_num_threads(args.threads)  # in this process: cProfile sees only its own calls
+                targets = [TorchSystem("torch-kv", model, tok, cache=True)]
             profile = []
             for setting in settings:
                 batch, beam = SETTINGS[setting]
@@ -735,6 +806,9 @@ def main(argv: list[str] | None = None) -> None:
             args.json.write_text(json.dumps(result, indent=2) + "\n")
             log(f"wrote {args.json}")
     finally:
+        for system in systems.values():
+            if isinstance(system, ProcessSystem):
+                system.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -4,6 +4,7 @@ engine-level ones on a tiny exported bundle, the batching modes benchmark's arit
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -173,6 +174,49 @@ def test_engine_speed_runs_on_the_shipped_sample_without_a_corpus(tiny: TinyBund
     )
     printed = capsys.readouterr().out
     assert f"CPU: {cpu['model']}" in printed and "| engine-int8 | batch 32, beam 4 |" in printed
+
+
+@pytest.mark.usefixtures("torch_single_thread")
+def test_a_peer_runs_in_its_own_process_with_the_same_outputs(tiny: TinyBundle):
+    """bench.engine_speed times PyTorch and each CTranslate2 compute type in a process of its own
+    (CTranslate2 slows down several-fold in a process where another OpenMP user has run): the same
+    tokens as in-process, a pass timed in the child, and the child ends."""
+    from bench.engine_speed import ProcessSystem, TorchSystem, run_pass
+    from model.tokenizer import Tokenizer
+    from model.train import load_release
+
+    texts = ["Open the file", "Save the document before closing?", "Settings"]
+    tok = Tokenizer(tiny.checkpoint / "tokenizer.model")
+    here = TorchSystem("torch-kv", load_release(tiny.checkpoint), tok, cache=True)
+    child = ProcessSystem("torch", "torch-kv", tiny.checkpoint, "kv", 1, tiny.checkpoint / "tokenizer.model")
+    try:
+        assert child.process.pid != os.getpid() and child.process.is_alive()
+        for beam in (1, 4):
+            assert child.translate(texts, beam) == here.translate(texts, beam)
+        total, latencies, outputs = run_pass(child, texts, 2, 4)
+        assert outputs == here.translate(texts, 4) and len(latencies) == 2 and total >= sum(latencies) > 0
+    finally:
+        child.close()
+    assert not child.process.is_alive()
+
+
+@pytest.mark.usefixtures("torch_single_thread")
+def test_ctranslate2_runs_in_its_own_process_with_the_same_outputs(tiny: TinyBundle, tmp_path: Path):
+    pytest.importorskip("ctranslate2")
+    from bench.engine_speed import CT2System, ProcessSystem
+    from export.ctranslate2_spec import convert_model, vocabulary_pieces
+    from model.tokenizer import Tokenizer
+    from model.train import load_release
+
+    tokenizer = tiny.checkpoint / "tokenizer.model"
+    ct2_dir = convert_model(load_release(tiny.checkpoint), vocabulary_pieces(tokenizer), tmp_path / "ct2")
+    texts = ["Open the file", "Settings"]
+    here = CT2System("ct2-int8", ct2_dir, "int8", Tokenizer(tokenizer), 1)
+    child = ProcessSystem("ct2", "ct2-int8", ct2_dir, "int8", 1, tokenizer)
+    try:
+        assert child.translate(texts, 4) == here.translate(texts, 4)
+    finally:
+        child.close()
 
 
 def test_models_loaded_starts_a_server_and_measures_it(tiny_bundle):
