@@ -743,7 +743,9 @@ def main(argv: list[str] | None = None) -> None:
                 window_tokens, window_start = 0, time.time()
             if step % cfg.valid_every == 0:
                 validate()
-                if converged(history, cfg.patience, cfg.min_delta):
+                # A cooldown ends the run itself: the rule would cut it short on the parent's
+                # validations (session 49: a continuation stopped 1,000 steps before its end).
+                if cooldown_start is None and converged(history, cfg.patience, cfg.min_delta):
                     best = min(history, key=lambda r: r["valid_loss"])
                     tqdm.write(
                         f"converged at step {step}: no validation of the last {cfg.patience} lowered the "

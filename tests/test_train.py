@@ -278,6 +278,16 @@ def test_a_cooldown_ends_the_run_and_goes_on_after_a_resume(tiny_data, tiny_mode
     assert "cooldown finished at step 4" in capsys.readouterr().err
 
 
+def test_the_convergence_rule_does_not_cut_a_cooldown_short(tiny_data, tiny_model, tmp_path, capsys):
+    """With a zero learning rate the loss never moves, so the rule alone would stop at step 3 (the test
+    above); under --cooldown 6 the run goes on to the cooldown's end."""
+    run = tmp_path / "run"
+    flags = ["--valid-every", "1", "--lr", "0", "--patience", "2", "--cooldown", "6"]
+    _run(tiny_data, run, "--max-steps", "50", *flags)
+    state = torch.load(run / "last.pt", weights_only=False)
+    assert state["step"] == 6 and "converged" not in capsys.readouterr().err
+
+
 def test_frequent_pairs_repeat_by_log_of_their_package_count(tmp_path):
     from model.train import repeat_frequent
 
