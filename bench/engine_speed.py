@@ -104,6 +104,17 @@ class System:
     def translate(self, texts: list[str], beam: int) -> list[list[int]]:
         raise NotImplementedError
 
+    def run_pass(self, texts: list[str], batch: int, beam: int) -> tuple[float, list[float], list]:
+        """One timed pass over `texts` in batches: (seconds in all, seconds per batch, token ids)."""
+        outputs: list[list[int]] = []
+        lats = []
+        t_start = time.perf_counter()
+        for chunk in batches(texts, batch):
+            t0 = time.perf_counter()
+            outputs.extend(self.translate(chunk, beam))
+            lats.append(time.perf_counter() - t0)
+        return time.perf_counter() - t_start, lats, outputs
+
 
 class NoCacheModel:
     """Stands in for a Transformer in the reference decoders, but recomputes the whole target prefix
@@ -194,12 +205,12 @@ def _child_system(kind: str, name: str, path: str, option: str, threads: int, to
 
 def _serve(conn, *spec: str | int) -> None:  # noqa: ANN001 (a multiprocessing Connection)
     """A ProcessSystem's child: builds the system, then answers ("pass", (texts, batch, beam)) with
-    run_pass's timings measured here and ("translate", (texts, beam)) with tokens, until None."""
+    System.run_pass's timings measured here and ("translate", (texts, beam)) with tokens, until None."""
     system = _child_system(*spec)  # type: ignore[arg-type]
     conn.send("ready")
     while (request := conn.recv()) is not None:
         op, payload = request
-        conn.send(run_pass(system, *payload) if op == "pass" else system.translate(*payload))
+        conn.send(system.run_pass(*payload) if op == "pass" else system.translate(*payload))
 
 
 class ProcessSystem(System):
@@ -229,6 +240,7 @@ class ProcessSystem(System):
         return self.conn.recv()
 
     def run_pass(self, texts: list[str], batch: int, beam: int) -> tuple[float, list[float], list]:
+        """Timed in the child, so the pipe is not in the figures."""
         self.conn.send(("pass", (texts, batch, beam)))
         return self.conn.recv()
 
@@ -314,19 +326,6 @@ def batches(texts: list[str], size: int) -> list[list[str]]:
     return [texts[i : i + size] for i in range(0, len(texts), size)]
 
 
-def run_pass(system: System, texts: list[str], batch: int, beam: int) -> tuple[float, list[float], list]:
-    if isinstance(system, ProcessSystem):
-        return system.run_pass(texts, batch, beam)  # timed in its own process
-    outputs: list[list[int]] = []
-    lats = []
-    t_start = time.perf_counter()
-    for chunk in batches(texts, batch):
-        t0 = time.perf_counter()
-        outputs.extend(system.translate(chunk, beam))
-        lats.append(time.perf_counter() - t0)
-    return time.perf_counter() - t_start, lats, outputs
-
-
 def compare(a: list[list[int]], b: list[list[int]]) -> int:
     return sum(x != y for x, y in zip(a, b, strict=True))
 
@@ -361,7 +360,7 @@ def ratio_table(ratios: dict[str, dict[str, float]], settings: list[str]) -> str
 def profile_system(system: System, texts: list[str], batch: int, beam: int, top: int = 18) -> dict:
     """cProfile one pass; group the time into ONNX Runtime runs (per calling function), NumPy, tokenizer,
     torch ops and Python overhead; include engine.last_stats when the engine exposes it."""
-    run_pass(system, texts, batch, beam)  # warm
+    system.run_pass(texts, batch, beam)  # warm
     engine = getattr(system, "engine", None)
     last_stats = []  # from the unprofiled pass, so the engine's own timers are undisturbed
     t0 = time.perf_counter()
@@ -565,7 +564,8 @@ def main(argv: list[str] | None = None) -> None:
         from model.train import load_release
 
         model = load_release(snapshot)
-        tok = Tokenizer(snapshot / "tokenizer.model")
+        tokenizer = snapshot / "tokenizer.model"
+        tok = Tokenizer(tokenizer)
         # Stripped: the engine translates the stripped text (keeping the outer whitespace aside).
         if args.data is None:
             pool = sample_texts(args.texts)
@@ -588,20 +588,17 @@ def main(argv: list[str] | None = None) -> None:
 
         if "torch-nocache" in wanted:
             systems["torch-nocache"] = ProcessSystem(
-                "torch", "torch-nocache", snapshot, "nocache", args.threads, snapshot / "tokenizer.model"
+                "torch", "torch-nocache", snapshot, "nocache", args.threads, tokenizer
             )
         if "torch-kv" in wanted:
-            systems["torch-kv"] = ProcessSystem(
-                "torch", "torch-kv", snapshot, "kv", args.threads, snapshot / "tokenizer.model"
-            )
+            systems["torch-kv"] = ProcessSystem("torch", "torch-kv", snapshot, "kv", args.threads, tokenizer)
         if any(s.startswith("ct2") for s in wanted):
             try:
                 from export.ctranslate2_spec import convert_model, vocabulary_pieces
 
-                ct2_dir = convert_model(model, vocabulary_pieces(snapshot / "tokenizer.model"), tmp / "ct2")
+                ct2_dir = convert_model(model, vocabulary_pieces(tokenizer), tmp / "ct2")
                 for name, ctype in (("ct2-fp32", "float32"), ("ct2-int8", "int8")):
                     if name in wanted:
-                        tokenizer = snapshot / "tokenizer.model"
                         systems[name] = ProcessSystem("ct2", name, ct2_dir, ctype, args.threads, tokenizer)
             except ImportError as e:
                 notes.append(f"CTranslate2 skipped: {e}")
@@ -632,12 +629,12 @@ def main(argv: list[str] | None = None) -> None:
             batch, beam = SETTINGS[setting]
             log(f"\n[{setting}] batch {batch}, beam {beam}")
             for name in order:  # warm-up pass, also the outputs compared below
-                t, _, out = run_pass(systems[name], texts, batch, beam)
+                t, _, out = systems[name].run_pass(texts, batch, beam)
                 cell = cells[(name, setting)] = Cell(name, setting, outputs=out, tokens=sum(map(len, out)))
                 log(f"  warm-up {name:<14} {t:7.2f}s  {cell.tokens} tokens")
             for rep in range(args.reps):
                 for name in order:
-                    t, lats, out = run_pass(systems[name], texts, batch, beam)
+                    t, lats, out = systems[name].run_pass(texts, batch, beam)
                     cell = cells[(name, setting)]
                     cell.totals.append(t)
                     cell.latencies.extend(lats)

@@ -21,7 +21,7 @@ Stages, each timed, each one's outcome or the reason it was skipped in the repor
 5. grpc: `python -m server --device DEVICE` per batching mode (bench.batching.Server) under a closed
    loop of `--concurrency` clients for `--grpc-seconds` (client.load.run_load, the real client):
    requests/s, p50/p95/p99 latency, errors, GPU memory while it serves.
-6. speed: bench.engine_speed's systems and timing (run_pass, median of `--reps`) for the engine (fp32,
+6. speed: bench.engine_speed's systems and timing (System.run_pass, median of `--reps`) for the engine (fp32,
    fp16) and CTranslate2 (float32, float16) with the same weights on the device, at b1/b32 x greedy/beam 4
    and b128 greedy; tokens/s, latency p50, engine/CTranslate2 ratios, output mismatches.
 
@@ -430,7 +430,7 @@ def speed(
 ) -> dict[str, Any]:
     """engine_speed's passes for the engine and CTranslate2 on `device`, per SETTINGS; with `fused`, that
     bundle (export --fused-attention) as engine-fused-<variant> in the same passes."""
-    from bench.engine_speed import CT2System, EngineSystem, compare, run_pass
+    from bench.engine_speed import CT2System, EngineSystem, compare
     from model.tokenizer import Tokenizer
     from model.train import load_release
     from server.engine import DecodingOptions, Engine
@@ -485,11 +485,11 @@ def speed(
     for setting, (batch, beam) in SETTINGS.items():
         texts = pool[: sizes[setting]]
         for name, system in systems.items():
-            _, _, out = run_pass(system, texts, batch, beam)  # warm-up; the outputs compared below
+            _, _, out = system.run_pass(texts, batch, beam)  # warm-up; the outputs compared below
             outs[(name, setting)] = out
             totals, lats = [], []
             for _ in range(reps):
-                total, lat, _ = run_pass(system, texts, batch, beam)
+                total, lat, _ = system.run_pass(texts, batch, beam)
                 totals.append(total)
                 lats += lat
             tokens = sum(map(len, out))

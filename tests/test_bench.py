@@ -181,7 +181,7 @@ def test_a_peer_runs_in_its_own_process_with_the_same_outputs(tiny: TinyBundle):
     """bench.engine_speed times PyTorch and each CTranslate2 compute type in a process of its own
     (CTranslate2 slows down several-fold in a process where another OpenMP user has run): the same
     tokens as in-process, a pass timed in the child, and the child ends."""
-    from bench.engine_speed import ProcessSystem, TorchSystem, run_pass
+    from bench.engine_speed import ProcessSystem, TorchSystem
     from model.tokenizer import Tokenizer
     from model.train import load_release
 
@@ -193,7 +193,7 @@ def test_a_peer_runs_in_its_own_process_with_the_same_outputs(tiny: TinyBundle):
         assert child.process.pid != os.getpid() and child.process.is_alive()
         for beam in (1, 4):
             assert child.translate(texts, beam) == here.translate(texts, beam)
-        total, latencies, outputs = run_pass(child, texts, 2, 4)
+        total, latencies, outputs = child.run_pass(texts, 2, 4)
         assert outputs == here.translate(texts, 4) and len(latencies) == 2 and total >= sum(latencies) > 0
     finally:
         child.close()
