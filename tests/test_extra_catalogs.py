@@ -222,19 +222,26 @@ def test_merge_adds_to_train_only_and_leaves_held_out_splits_alone():
     }
 
 
+def ranked_debs(debs_dir: Path) -> dict[str, Path]:
+    """Two ranked packages as .deb files: one in a train family (`Open the file`, `Save`), one in a
+    valid family (`Close the window`)."""
+    ranked = {
+        f"{TRAIN_FAM}-data": [("Open the file", "Abrir el archivo"), ("Save", "Guardar")],
+        f"{VALID_FAM}-data": [("Close the window", "Cerrar la ventana")],
+    }
+    return {
+        name: build_deb(debs_dir, name, {f"usr/share/locale/es/LC_MESSAGES/{name}.mo": pairs})
+        for name, pairs in ranked.items()
+    }
+
+
 @pytest.fixture()
 def fake_debian(tmp_path, monkeypatch):
     """Two ranked packages (one in a train family, one in a valid family) and one outside the list, as
     .deb files, with Debian's indexes and apt replaced by the fabricated ones."""
     debs_dir = tmp_path / "debs"
-    ranked = {
-        f"{TRAIN_FAM}-data": [("Open the file", "Abrir el archivo"), ("Save", "Guardar")],
-        f"{VALID_FAM}-data": [("Close the window", "Cerrar la ventana")],
-    }
-    debs = {
-        name: build_deb(debs_dir, name, {f"usr/share/locale/es/LC_MESSAGES/{name}.mo": pairs})
-        for name, pairs in ranked.items()
-    }
+    debs = ranked_debs(debs_dir)
+    ranked = list(debs)
     outsider = build_deb(
         debs_dir,
         "newapp",
@@ -246,7 +253,7 @@ def fake_debian(tmp_path, monkeypatch):
             ]
         },
     )
-    package_list = ranked_list(tmp_path, list(ranked))
+    package_list = ranked_list(tmp_path, ranked)
     contents = "".join(f"usr/share/locale/es/LC_MESSAGES/{p}.mo utils/{p}\n" for p in [*ranked, "newapp"])
     index = "\n\n".join(f"Package: {p}\nVersion: 1.0\nSize: 100" for p in [*ranked, "newapp"])
     monkeypatch.setattr(corpus, "download_packages", lambda packages, cache: {p: debs[p] for p in debs})

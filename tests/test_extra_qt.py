@@ -16,7 +16,7 @@ from model import corpus, extra_catalogs
 from model import extra_qt as qt
 from model.extra_catalogs import parse_package_index
 from model.languages import language
-from tests.test_extra_catalogs import _build, build_deb, ranked_list
+from tests.test_extra_catalogs import _build, ranked_debs, ranked_list
 from tests.test_languages import make_deb
 
 ES, PT_BR = language("es"), language("pt_BR")
@@ -114,17 +114,11 @@ def test_package_pairs_are_cleaned_with_provenance(tmp_path):
 def fake_debian_qt(tmp_path, monkeypatch):
     """One ranked package in a train family and one in a valid family (gettext), and Qt packages: one
     outside the list, one of the valid family's (held out by family), as real .deb files."""
-    from tests.test_extra_catalogs import TRAIN_FAM, VALID_FAM
+    from tests.test_extra_catalogs import VALID_FAM
 
     debs_dir = tmp_path / "debs"
-    ranked = {
-        f"{TRAIN_FAM}-data": [("Open the file", "Abrir el archivo"), ("Save", "Guardar")],
-        f"{VALID_FAM}-data": [("Close the window", "Cerrar la ventana")],
-    }
-    debs = {
-        name: build_deb(debs_dir, name, {f"usr/share/locale/es/LC_MESSAGES/{name}.mo": pairs})
-        for name, pairs in ranked.items()
-    }
+    debs = ranked_debs(debs_dir)
+    ranked = list(debs)
     qm = build_qm(
         [
             ("Save", ["Guardar"]),  # in train already
@@ -149,7 +143,7 @@ def fake_debian_qt(tmp_path, monkeypatch):
     monkeypatch.setattr(qt, "contents_lines", lambda cache: contents.splitlines())
     monkeypatch.setattr(extra_catalogs, "read_package_index", lambda: parse_package_index(index))
     monkeypatch.setattr(qt, "download_packages", download)
-    return ranked_list(tmp_path, list(ranked)), debs_dir, fetched
+    return ranked_list(tmp_path, ranked), debs_dir, fetched
 
 
 def test_the_flag_adds_qt_pairs_to_train_only(fake_debian_qt, tmp_path, monkeypatch):
