@@ -372,6 +372,9 @@ def test_grpc_refuses_oversized_and_invalid_utf8(tiny_server, client_for):
 # ---- deadlines, cancellation, back-pressure (tiny model) -------------------------------------------
 
 
+OUTCOMES = ("dropped_deadline", "dropped_cancelled", "translated")
+
+
 def test_deadline_mid_decode_drops_the_running_rows(start_server, tiny_bundle, client_for):
     """In-flight mode: a new request would join the running batch even if the expired rows were still in
     it, so "the engine is free again" proves nothing; the expired rows must leave the running batch at
@@ -380,21 +383,27 @@ def test_deadline_mid_decode_drops_the_running_rows(start_server, tiny_bundle, c
     server = start_server(tiny_bundle, max_texts=16)
     strategy = server.server.scheduler.strategy
     c = client_for(server, retries=0)
+    # The deadline is a fraction of one 8-segment wave (beam 8: 64 rows, 256 steps) timed on this
+    # machine: a fixed 0.15 s let a fast CPU finish the first wave in time (CI once saw 7 translated).
+    wave_s = 60.0
+    for texts in (LONG_TEXTS[16:24], LONG_TEXTS[24:32]):  # the first also pays for warming up
+        started = time.monotonic()
+        c.translate(texts, timeout=60, **LONG)
+        wave_s = min(wave_s, time.monotonic() - started)
+    print(f"one wave: {wave_s:.3f} s")
+    before = server.sample("translator_decode_steps_total")
+    counted = {k: server.sample("translator_segments_total", outcome=k) for k in OUTCOMES}
     with pytest.raises(TranslatorError) as e:
-        # 16 x beam 8 x 256 steps, 8 segments at a time (64 rows): the first 256-step wave alone takes
-        # far longer than 0.15 s on a CPU.
-        c.translate(LONG_TEXTS[:16], timeout=0.15, **LONG)
+        c.translate(LONG_TEXTS[:16], timeout=min(0.15, wave_s / 3), **LONG)
     assert e.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
     at_deadline = server.sample("translator_decode_steps_total")
+    assert at_deadline > before, "the request never reached the decoder: the test proves nothing"
     assert wait_for(lambda: not strategy.running and len(strategy.batch) == 0, 10), len(strategy.running)
     steps = server.sample("translator_decode_steps_total")
     assert steps - at_deadline <= 10, "the expired rows kept decoding"
     time.sleep(0.2)
     assert server.sample("translator_decode_steps_total") == steps  # nothing runs any more
-    outcomes = {
-        k: server.sample("translator_segments_total", outcome=k)
-        for k in ("dropped_deadline", "dropped_cancelled", "translated")
-    }
+    outcomes = {k: server.sample("translator_segments_total", outcome=k) - counted[k] for k in OUTCOMES}
     # All 16 dropped for the deadline (whatever the worker's clock said when it dropped them), none
     # translated.
     assert outcomes == {"dropped_deadline": 16, "dropped_cancelled": 0, "translated": 0}
@@ -422,7 +431,11 @@ def test_client_cancel_mid_decode_leaves_batchmates_alone(start_server, tiny_bun
         b = pb_grpc.TranslatorStub(channel_b).Translate.future(
             pb.TranslateRequest(texts=b_texts, options=opts)
         )
-        time.sleep(0.8)  # both in one batch (max wait 300 ms), decoding
+        # Both queued, then taken as one batch (max wait 300 ms) and decoding: waiting on the queue
+        # rather than a fixed sleep keeps a fast CPU from finishing the batch before the cancel.
+        assert wait_for(lambda: server.sample("translator_queue_segments") == len(LONG_TEXTS) + 4, 5)
+        assert wait_for(lambda: server.sample("translator_queue_segments") == 0, 5)
+        time.sleep(0.1)
         assert a.cancel()
         b_together = [t.hypotheses[0].text for t in b.result(timeout=60).translations]
     finally:
@@ -452,7 +465,11 @@ def test_queue_overflow_is_resource_exhausted(start_server, tiny_bundle):
     with grpc.insecure_channel(server.target) as channel:
         stub = pb_grpc.TranslatorStub(channel)
         running = stub.Translate.future(pb.TranslateRequest(texts=LONG_TEXTS, options=opts))
-        time.sleep(0.3)  # in the engine
+        # In the engine: received, and its segments out of the queue (the short sleep covers the moment
+        # between the handler counting the request and queueing its segments).
+        assert wait_for(lambda: server.sample("translator_requests_in_flight") == 1, 5)
+        time.sleep(0.05)
+        assert wait_for(lambda: server.sample("translator_queue_segments") == 0, 5)
         queued = stub.Translate.future(pb.TranslateRequest(texts=LONG_TEXTS[:30], options=opts))
         assert wait_for(lambda: server.sample("translator_queue_segments") == 30, 5)
         with pytest.raises(grpc.RpcError) as e:
