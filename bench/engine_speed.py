@@ -273,10 +273,11 @@ class EngineSystem(System):
     (Engine.translate_texts: segmentation, masking, restoring; its tokens are the segments' tokens)."""
 
     def __init__(self, name: str, bundle: Path, variant: str, threads: int, text_layer: bool = False) -> None:
-        from server.engine import DecodingOptions, Engine
+        from server.engine import DecodingOptions, Engine, use_shared_pool
 
         self.name = name
         self.text_layer = text_layer
+        use_shared_pool(threads)  # as the server runs its engines: one ONNX Runtime pool for all
         self.engine = Engine(bundle, variant=variant, device="cpu", intra_op_threads=threads)
         self.options = {
             b: DecodingOptions(beam_size=b, num_hypotheses=1, max_length=0, length_penalty=LENGTH_PENALTY)

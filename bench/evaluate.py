@@ -251,8 +251,9 @@ def translate_onnx(
     from the bundle's translation memory, as the service does by default; `lexical_guard`: its lexical
     guard (a hypothesis with a word in no dictionary gives way) is on, likewise, and so are its dictionary
     terms (`dictionary_terms`: words the catalogs seldom hold, as the dictionaries translate them)."""
-    from server.engine import DecodingOptions, Engine  # lazy: the torch backend must not need it
+    from server.engine import DecodingOptions, Engine, use_shared_pool  # lazy: torch needs none of it
 
+    use_shared_pool(threads)  # as the server runs its engines: one ONNX Runtime pool for all
     engine = Engine(
         bundle, variant=variant, device=device, intra_op_threads=threads, memory=memory,
         lexical_guard=lexical_guard, dictionary_terms=dictionary_terms,

@@ -107,8 +107,9 @@ def threads_in_use(engine: Any) -> int | None:
 
 
 def default_engine_factory(bundle_dir: Path, config: ServerConfig) -> Any:
-    from server.engine import Engine
+    from server.engine import Engine, use_shared_pool
 
+    use_shared_pool(config.threads)  # every bundle's sessions on one ONNX Runtime pool
     return Engine(
         bundle_dir,
         variant=config.variant,

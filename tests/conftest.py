@@ -24,6 +24,11 @@ import pytest
 from client.load import free_port
 from runtime.bundle import OPTIONAL_GRAPHS
 
+# ONNX Runtime's shared intra-op pool is made once per process and cannot be undone: an in-process server
+# started with --threads 0 would put every later test's sessions on it. Tests keep pools per session
+# (and so do the servers they start as subprocesses); tests/test_thread_pool.py turns it back on.
+os.environ["ENGINE_ORT_SHARED_POOL"] = "0"
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_CHECKPOINT = REPO_ROOT / "models" / "en-es-small"
 SHIPPED_BUNDLE = REPO_ROOT / "bundles" / "en-es-small"

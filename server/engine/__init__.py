@@ -31,7 +31,7 @@ from server.engine.cache import BoundCache, NumpyCache
 from server.engine.decode_batch import DecodeBatch
 from server.engine.generator import Generator
 from server.engine.search import LOGPROB_SLACK, settled
-from server.engine.sessions import physical_cores
+from server.engine.sessions import physical_cores, use_shared_pool
 from server.engine.text import Engine, RunningBatch
 
 __all__ = [
@@ -51,4 +51,5 @@ __all__ = [
     "gnmt_length_penalty",
     "physical_cores",
     "settled",
+    "use_shared_pool",
 ]

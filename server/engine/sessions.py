@@ -10,6 +10,7 @@ cache back-ends (cache.py), the in-flight storages (rows.py) and the Generator r
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import onnxruntime as ort
 
 from runtime.bundle import BundleError
 
-__all__ = ["Graphs", "load_sessions", "open_sessions", "physical_cores", "session_options"]
+__all__ = ["Graphs", "load_sessions", "open_sessions", "physical_cores", "session_options", "use_shared_pool"]
 
 
 def physical_cores() -> int:
@@ -50,17 +51,55 @@ def physical_cores() -> int:
     return max(1, min(available, physical) if physical else available)
 
 
+_shared_pool_lock = threading.Lock()
+_shared_pool_threads = 0  # size of ONNX Runtime's process-wide intra-op pool once made here, else 0
+
+
+def use_shared_pool(threads: int) -> int:
+    """Run every session this process opens from now on on one ONNX Runtime intra-op pool of `threads`
+    threads (0: the physical cores). Call it before the first session; returns the pool's size, 0 where
+    no pool is made (one thread, or ENGINE_ORT_SHARED_POOL=0), -1 where other code in the process made
+    one first (its size unknown; the sessions run on it all the same). Idempotent: ONNX Runtime makes the
+    pool once per process and never resizes it, so the first call's size stays.
+
+    A pool per session means a worker set per graph (5 per bundle, 25 in the default service), each
+    woken separately for each op: at 2 threads a batch-1 decoder step got nothing from the second
+    thread, and spinning made it worse (the sessions' workers competing for the cores). One shared
+    pool: 1.2-1.5x the tokens/s at 2 threads (README, Performance). The server calls this with its
+    --threads; library users opt in. Once the pool exists ONNX Runtime refuses sessions with their own
+    pools, so `session_options` puts every later session on it, whatever thread count it asks for."""
+    global _shared_pool_threads
+    threads = threads if threads > 0 else physical_cores()
+    with _shared_pool_lock:
+        if _shared_pool_threads or threads <= 1 or os.environ.get("ENGINE_ORT_SHARED_POOL", "1") == "0":
+            return _shared_pool_threads
+        try:
+            ort.set_global_thread_pool_sizes(threads, 1)
+            _shared_pool_threads = threads
+        except Exception:  # noqa: BLE001 - other code in this process made it first: size unknown
+            _shared_pool_threads = -1
+        return _shared_pool_threads
+
+
 def session_options(threads: int) -> ort.SessionOptions:
-    """Options of every session: `threads` intra-op threads, sequential, full graph optimisation."""
+    """Options of every session: sequential, full graph optimisation, on the shared intra-op pool where
+    this process made one (`use_shared_pool`), else a pool of `threads` threads of its own."""
     so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3
-    # No spin-waiting between ops: a decoder step is hundreds of tiny ops, and spinning worker
-    # threads compete with the decoding loop's own Python thread (and any other process) for the
-    # cores; measured 1.5-2x faster steps on a busy 2-core machine. ENGINE_ORT_SPINNING=1 re-enables.
+    if _shared_pool_threads:
+        # The shared pool spins briefly between ops (ONNX Runtime's default for it; Python cannot
+        # change it): one worker set, so the spinning that hurt per-session pools costs little here.
+        # Thread counts are left unset: ONNX Runtime warns that a shared pool ignores them.
+        so.use_per_session_threads = False
+        return so
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    # Per-session pools: no spin-waiting between ops. A decoder step is a hundred tiny ops, and each
+    # session's spinning workers compete with the decoding loop's own Python thread (and any other
+    # process) for the cores; measured 1.5-2x faster steps on a busy 2-core machine.
+    # ENGINE_ORT_SPINNING=1 re-enables.
     spin = "1" if os.environ.get("ENGINE_ORT_SPINNING", "0") == "1" else "0"
     so.add_session_config_entry("session.intra_op.allow_spinning", spin)
     so.add_session_config_entry("session.inter_op.allow_spinning", spin)
