@@ -241,3 +241,19 @@ def test_bench_batching_reads_metrics_with_and_without_labels():
     assert metric_total(text, "translator_batch_rows_count") == 4.0
     assert metric_total(text, "translator_generated_tokens_total") == 7.0
     assert metric_total(text, "translator_missing") == 0.0
+
+
+def test_server_threads_runs_both_pools_through_real_servers(tiny_bundle):
+    """bench.server_threads on the tiny bundle: two real server subprocesses (shared pool, pool per
+    session), each measured through the gRPC client; medians and per-session / shared ratios."""
+    from bench.server_threads import CONFIGS, run
+
+    texts = ["Open the file", "Save", "Print the page", "Close the window"]
+    report = run(tiny_bundle, threads=2, texts=texts, repeats=1)
+    assert set(report["medians"]) == set(CONFIGS)
+    for medians in report["medians"].values():
+        assert set(medians) == {
+            f"beam{b} {k}" for b in (1, 4) for k in ("one_caller_s", "one_caller_p50_ms", "8_callers_s")
+        }
+        assert all(v > 0 for v in medians.values())
+    assert all(r > 0 for r in report["speedup_shared"].values())
