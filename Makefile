@@ -54,6 +54,7 @@ help:
 	@echo "  make model-card      evaluate $(MODEL) (test, UI strings, fp32/int8) and write its MODEL_CARD.md"
 	@echo "  make model           the whole recipe, corpus to carded model in $(MODEL)/ (CORPUS_LANG=fr; ~8 h on 2 cores)"
 	@echo "  make model-from-gpu  GPU_OUT=<device run folder>: restore, and ship it as make model does if it beats $(MODEL)"
+	@echo "  make grow            grow $(MODEL) to a 6+2 model in rounds (GROW_ROUNDS=8000,8000,4000), ship it if it beats it (~7 h)"
 	@echo "  make finish-model    RELEASE=<dir>: release it into $(MODEL)/ with lexicon, keep-terms, memory, tuning and card"
 	@echo "Benchmarks:"
 	@echo "  make bench           engine vs PyTorch vs CTranslate2 speed into bench.json"
@@ -239,6 +240,23 @@ model-from-gpu: data-check install
 	@choice=$(RUN)/gpu; [ ! -f $(MODEL)/training.json ] || choice=$$($(PY) -m model.pick $(MODEL) $(RUN)/gpu) || exit 1; \
 	if [ "$$choice" = "$(RUN)/gpu" ]; then $(MAKE) --no-print-directory finish-model RELEASE=$(RUN)/gpu; \
 	else echo "$(RUN)/gpu does not beat $(MODEL) on valid: not released"; fi
+
+# Grow the shipped model to other layer counts in rounds (model/grow.py), each cooling down to 0 from
+# the mean of the last: the recipe of the Spanish 6+2 release (from the 3+3, GROW_ROUNDS=8000,8000,4000,
+# DATA=runs/data-es-extra; about 7 h on 2 cores with bf16). It ships only when it beats $(MODEL) on valid
+# (model/pick.py), through finish-model as make model does.
+GROW_ROUNDS ?= 8000,8000,4000
+GROW_ENCODER_LAYERS ?= 6
+GROW_DECODER_LAYERS ?= 2
+GROW_TRAIN_ARGS ?= --bf16
+grow: data-check install
+	$(PY) -m model.grow --from $(MODEL) --data $(DATA) --run-dir $(RUN)-grow \
+	  --encoder-layers $(GROW_ENCODER_LAYERS) --decoder-layers $(GROW_DECODER_LAYERS) --rounds $(GROW_ROUNDS) \
+	  --against $(MODEL) --choice $(RUN)-grow/choice \
+	  -- $(TRAIN_SETTINGS) --valid-every $(MODEL_VALID_EVERY) $(GROW_TRAIN_ARGS)
+	@choice=$$(cat $(RUN)-grow/choice 2>/dev/null); \
+	if [ -n "$$choice" ]; then $(MAKE) --no-print-directory finish-model RELEASE=$$choice; \
+	else echo "$(RUN)-grow: nothing beats $(MODEL) on valid: not released"; fi
 
 # A release made a shipped model: its weights and tokenizer, lexicon (where Debian has a hunspell
 # dictionary), do-not-translate terms, translation memory, decoding defaults and model card.
