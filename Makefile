@@ -13,7 +13,7 @@ RUN ?= runs/$(notdir $(MODEL))
 # The tokenizer `make train` trains with: the shipped one unless told (see `make tokenizer`).
 TOKENIZER ?= $(MODEL)/tokenizer.model
 
-.PHONY: help install system-deps run serve bundle bundles corpus data-check tokenizer train release average keep-terms memory dictionary-terms calibrate-int8 lexicon tune-decoding evaluate model-card model model-from-gpu finish-model bench bench-batching gpu-check gpu-pack proto lint test weblate stack-test fuzz soak mutation clean
+.PHONY: help install system-deps run serve bundle bundles corpus data-check tokenizer train release average keep-terms memory dictionary-terms calibrate-int8 lexicon tune-decoding evaluate model-card model model-from-gpu grow finish-model bench bench-batching gpu-check gpu-pack proto lint test weblate stack-test fuzz soak mutation clean
 
 # Every target, one line each (tests/test_cli.py checks that none is missing).
 help:
