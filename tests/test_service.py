@@ -575,8 +575,9 @@ def test_sigterm_drains_in_flight_and_exits_0(server_process, tiny_bundle):
             try:
                 c.model_info(timeout=1)
             except TranslatorError as e:
-                # A call that lands in the very moment the server stops listening is cancelled by gRPC
-                # itself (CI saw it once, on a loaded machine); the calls after it must be refused.
+                # A call gRPC has received but not yet handed to a handler when the server stops is
+                # cancelled by gRPC itself (grpc/grpc#41785; CI saw it once, on a loaded machine): the
+                # calls after it must be refused.
                 if e.code == grpc.StatusCode.CANCELLED:
                     return False
                 assert e.code == grpc.StatusCode.UNAVAILABLE
