@@ -60,8 +60,18 @@ def metric_total(exposition: str, name: str) -> float:
 
 
 class Server:
+    """`python -m server` in batching `mode` on free ports of 127.0.0.1, logging to log_dir; `env`: variables
+    added to this process's environment for it."""
+
     def __init__(
-        self, mode: str, model_dir: str, threads: int, extra: list[str], log_dir: Path, cpus: set[int] | None
+        self,
+        mode: str,
+        model_dir: str,
+        threads: int,
+        extra: list[str],
+        log_dir: Path,
+        cpus: set[int] | None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.mode, self.port, self.metrics_port = mode, free_port(), free_port()
         self.log = open(log_dir / f"server-{mode}.log", "w")  # noqa: SIM115 - closed in stop()
@@ -70,7 +80,12 @@ class Server:
         cmd += ["--threads", str(threads), "--batching-mode", mode, "--log-level", "WARNING", *extra]
         pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         self.proc = subprocess.Popen(
-            cmd, cwd=REPO_ROOT, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=pin
+            cmd,
+            cwd=REPO_ROOT,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=pin,
+            env={**os.environ, **env} if env else None,
         )
 
     @property

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -25,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.batching import Server
 from bench.machine import cpu_info, describe, sample_texts
 from client import TranslatorClient
-from client.load import free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = {"shared pool": "1", "pool per session": "0"}  # ENGINE_ORT_SHARED_POOL
@@ -37,40 +35,6 @@ START_TIMEOUT_S = 180
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def start_server(bundle: Path, threads: int, shared: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = {
-        **os.environ,
-        "TRANSLATOR_HOST": "127.0.0.1",
-        "TRANSLATOR_PORT": str(port),
-        "TRANSLATOR_METRICS_PORT": "-1",
-        "TRANSLATOR_MODEL_DIR": str(bundle),
-        "TRANSLATOR_THREADS": str(threads),
-        "TRANSLATOR_MEMORY": "false",
-        "TRANSLATOR_LOG_LEVEL": "WARNING",
-        "ENGINE_ORT_SHARED_POOL": shared,
-    }
-    errors = tempfile.TemporaryFile()  # a file, not a pipe: a full pipe would stall the server
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "server"], cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=errors
-    )
-    target = f"127.0.0.1:{port}"
-    end = time.monotonic() + START_TIMEOUT_S
-    with TranslatorClient(target, timeout=5, retries=0) as c:
-        while time.monotonic() < end:
-            if proc.poll() is not None:
-                errors.seek(0)
-                raise RuntimeError(f"the server exited ({proc.returncode}): {errors.read().decode()[-2000:]}")
-            try:
-                if c.health() == "SERVING":
-                    return proc, target
-            except Exception:  # noqa: BLE001 - not listening yet
-                pass
-            time.sleep(0.25)
-    proc.kill()
-    raise RuntimeError(f"the server was not SERVING within {START_TIMEOUT_S} s")
 
 
 def measure(target: str, texts: list[str], beam: int) -> dict[str, float]:
@@ -106,17 +70,20 @@ def measure(target: str, texts: list[str], beam: int) -> dict[str, float]:
 
 def run(bundle: Path, threads: int, texts: list[str], repeats: int) -> dict[str, Any]:
     runs: dict[str, dict[str, list[float]]] = {name: {} for name in CONFIGS}
-    for rep in range(repeats):
-        for name, shared in CONFIGS.items():
-            proc, target = start_server(bundle, threads, shared)
-            try:
-                for beam in (1, 4):
-                    for key, value in measure(target, texts, beam).items():
-                        runs[name].setdefault(f"beam{beam} {key}", []).append(value)
-                log(f"rep {rep + 1}/{repeats} {name}: done")
-            finally:
-                proc.terminate()
-                proc.wait(30)
+    with tempfile.TemporaryDirectory() as log_dir:
+        for rep in range(repeats):
+            for name, shared in CONFIGS.items():
+                env = {"ENGINE_ORT_SHARED_POOL": shared}
+                server = Server("inflight", str(bundle), threads, ["--no-memory"], Path(log_dir), None, env)
+                try:
+                    with TranslatorClient(server.target, timeout=30) as c:
+                        c.wait_until_serving(START_TIMEOUT_S)
+                    for beam in (1, 4):
+                        for key, value in measure(server.target, texts, beam).items():
+                            runs[name].setdefault(f"beam{beam} {key}", []).append(value)
+                    log(f"rep {rep + 1}/{repeats} {name}: done")
+                finally:
+                    server.stop()
     medians = {name: {k: round(statistics.median(v), 4) for k, v in r.items()} for name, r in runs.items()}
     shared, own = medians["shared pool"], medians["pool per session"]
     speedup = {k: round(own[k] / shared[k], 2) for k in shared}  # times: per-session / shared
