@@ -246,7 +246,7 @@ def test_overload_waits_in_the_shared_queue_instead_of_429(tiny_http_server):
         running = stub.Translate.future(
             pb.TranslateRequest(texts=texts, options=long_opts), metadata=metadata
         )
-        wait_in_engine(tiny_http_server)
+        tiny_http_server.wait_in_engine()
         queued = stub.Translate.future(
             pb.TranslateRequest(texts=[t + "!" for t in texts[:30]], options=long_opts), metadata=metadata
         )
@@ -285,7 +285,7 @@ def test_client_hanging_up_cancels_the_request(tiny_http_server):
             pb.TranslateRequest(texts=texts, options=long_opts),
             metadata=[("authorization", f"Bearer {TOKEN}")],
         )
-        wait_in_engine(tiny_http_server)  # the HTTP request below waits in the queue
+        tiny_http_server.wait_in_engine()  # the HTTP request below waits in the queue
         with socket.create_connection(("127.0.0.1", tiny_http_server.server.http_port), timeout=10) as s:
             s.sendall(
                 b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -311,15 +311,6 @@ def wait_until(condition, timeout: float = 10) -> None:
         time.sleep(0.02)
 
 
-def wait_in_engine(server) -> None:
-    """Until the one request in flight has left the queue for the engine (request-level batching: one
-    batch, decoding to the end). Waiting on the queue rather than a fixed sleep keeps a fast CPU from
-    finishing that batch before the test's next step (32 texts at beam 8 take 0.65 s on a 2-core EPYC)."""
-    wait_until(lambda: server.sample("translator_requests_in_flight") == 1, 5)
-    time.sleep(0.05)  # the handler counts the request just before it queues the segments
-    wait_until(lambda: server.sample("translator_queue_segments") == 0, 5)
-
-
 def test_timeout_ms_is_a_deadline_504(tiny_http_server):
     """timeout_ms (an extension) is a deadline in the shared scheduler: past it, 504."""
     long_opts = pb.DecodingOptions(beam_size=8, max_length=256)
@@ -330,7 +321,7 @@ def test_timeout_ms_is_a_deadline_504(tiny_http_server):
             pb.TranslateRequest(texts=texts, options=long_opts),
             metadata=[("authorization", f"Bearer {TOKEN}")],
         )
-        wait_in_engine(tiny_http_server)  # the HTTP request waits in the queue past its deadline
+        tiny_http_server.wait_in_engine()  # the HTTP request waits in the queue past its deadline
         status, _, body = call(
             tiny_http_server,
             "translate",

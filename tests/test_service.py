@@ -390,7 +390,6 @@ def test_deadline_mid_decode_drops_the_running_rows(start_server, tiny_bundle, c
         started = time.monotonic()
         c.translate(texts, timeout=60, **LONG)
         wave_s = min(wave_s, time.monotonic() - started)
-    print(f"one wave: {wave_s:.3f} s")
     before = server.sample("translator_decode_steps_total")
     counted = {k: server.sample("translator_segments_total", outcome=k) for k in OUTCOMES}
     with pytest.raises(TranslatorError) as e:
@@ -465,11 +464,7 @@ def test_queue_overflow_is_resource_exhausted(start_server, tiny_bundle):
     with grpc.insecure_channel(server.target) as channel:
         stub = pb_grpc.TranslatorStub(channel)
         running = stub.Translate.future(pb.TranslateRequest(texts=LONG_TEXTS, options=opts))
-        # In the engine: received, and its segments out of the queue (the short sleep covers the moment
-        # between the handler counting the request and queueing its segments).
-        assert wait_for(lambda: server.sample("translator_requests_in_flight") == 1, 5)
-        time.sleep(0.05)
-        assert wait_for(lambda: server.sample("translator_queue_segments") == 0, 5)
+        server.wait_in_engine()
         queued = stub.Translate.future(pb.TranslateRequest(texts=LONG_TEXTS[:30], options=opts))
         assert wait_for(lambda: server.sample("translator_queue_segments") == 30, 5)
         with pytest.raises(grpc.RpcError) as e:

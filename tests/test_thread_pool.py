@@ -31,9 +31,10 @@ print(json.dumps({"tokens": tokens, "made": made}))
 """
 
 
-def run(bundle: Path, threads: int, pool: int, made_before: int = 0, **env: str) -> dict:
+def python(code: str, *args: object, **env: str) -> subprocess.CompletedProcess:
+    """`code` in a fresh interpreter (ONNX Runtime's pool is per process), the shared pool allowed."""
     proc = subprocess.run(
-        [sys.executable, "-c", TRANSLATE, str(bundle), str(threads), str(pool), str(made_before)],
+        [sys.executable, "-c", code, *map(str, args)],
         cwd=REPO_ROOT,
         env={**os.environ, "ENGINE_ORT_SHARED_POOL": "1", **env},  # conftest turns it off
         capture_output=True,
@@ -41,6 +42,11 @@ def run(bundle: Path, threads: int, pool: int, made_before: int = 0, **env: str)
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def run(bundle: Path, threads: int, pool: int, made_before: int = 0, **env: str) -> dict:
+    proc = python(TRANSLATE, bundle, threads, pool, made_before, **env)
     # No "thread counts are ignored with a global pool" warning: the options leave them unset.
     assert "ignored when using a global thread pool" not in proc.stderr, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -80,17 +86,8 @@ print(sessions._shared_pool_threads, engine.generator.threads)
 
 
 def test_the_server_puts_its_engines_on_one_pool(tiny_bundle):
-    def pool(threads: int) -> str:
-        proc = subprocess.run(
-            [sys.executable, "-c", SERVER_FACTORY, str(tiny_bundle), str(threads)],
-            cwd=REPO_ROOT,
-            env={**os.environ, "ENGINE_ORT_SHARED_POOL": "1"},
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return proc.stdout.split()[-2:]
+    def pool(threads: int) -> list[str]:
+        return python(SERVER_FACTORY, tiny_bundle, threads).stdout.split()[-2:]
 
     assert pool(3) == ["3", "3"]
     assert pool(1) == ["0", "1"]
