@@ -72,11 +72,9 @@ def grow(
             argv += ["--encoder-layers", str(encoder_layers), "--decoder-layers", str(decoder_layers)]
         if (here / "last.pt").exists():
             argv.append("--resume")
-        train.main(argv)
-        threads = _threads(settings)
+        train.main(argv)  # sets this process's torch threads, which the averaging keeps
         code = average.main(
             ["--run-dir", str(here), "--last", str(last), "--tokenizer", str(tokenizer), "--data", str(data)]
-            + (["--threads", threads] if threads else [])
             + ["--out", str(averaged)]
         )
         if code:
@@ -87,16 +85,6 @@ def grow(
     for line in lines:
         print(line, file=sys.stderr)
     return winner
-
-
-def _threads(settings: list[str]) -> str:
-    """The --threads value among the training settings ("" when not given)."""
-    for i, flag in enumerate(settings):
-        if flag == "--threads" and i + 1 < len(settings):
-            return settings[i + 1]
-        if flag.startswith("--threads="):
-            return flag.split("=", 1)[1]
-    return ""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -65,7 +65,7 @@ def use_shared_pool(threads: int) -> int:
     A pool per session means a worker set per graph (5 per bundle, 25 in the default service), each
     woken separately for each op: at 2 threads a batch-1 decoder step got nothing from the second
     thread, and spinning made it worse (the sessions' workers competing for the cores). One shared
-    pool: 1.2-1.5x the tokens/s at 2 threads (README, Performance). The server calls this with its
+    pool: 1.2-1.4x the tokens/s at 2 threads (README, Performance). The server calls this with its
     --threads; library users opt in. Once the pool exists ONNX Runtime refuses sessions with their own
     pools, so `session_options` puts every later session on it, whatever thread count it asks for."""
     global _shared_pool_threads
