@@ -354,6 +354,27 @@ def ratio_table(ratios: dict[str, dict[str, float]], settings: list[str]) -> str
     return "\n".join(lines)
 
 
+def paired_ratio(a: Cell, b: Cell) -> dict[str, float]:
+    """a's tokens/s over b's, repetition by repetition (the two ran back to back in each): the median
+    and range of those ratios. Robust where the machine's speed drifts between repetitions, which the
+    ratio of the two medians is not."""
+    per_rep = [(a.tokens / ta) / (b.tokens / tb) for ta, tb in zip(a.totals, b.totals, strict=True)]
+    return {
+        "median": round(statistics.median(per_rep), 3),
+        "min": round(min(per_rep), 3),
+        "max": round(max(per_rep), 3),
+    }
+
+
+def paired_table(paired: dict[str, dict[str, dict[str, float]]], settings: list[str]) -> str:
+    lines = ["| paired ratio | " + " | ".join(settings) + " |", "|---|" + "---:|" * len(settings)]
+    for key, per in paired.items():
+        cells = [f"{per[s]['median']:.2f} ({per[s]['min']:.2f}-{per[s]['max']:.2f})" if s in per else "–"
+                 for s in settings]  # fmt: skip
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Profile
 
@@ -674,11 +695,13 @@ def main(argv: list[str] | None = None) -> None:
                         cells[(name, s1)].outputs, cells[(name, s32)].outputs
                     )
         ratios: dict[str, dict[str, float]] = {}
+        paired: dict[str, dict[str, dict[str, float]]] = {}
         for a, b in RATIOS:
             for s in settings:
                 if (a, s) in cells and (b, s) in cells:
                     ra, rb = cells[(a, s)].summary(), cells[(b, s)].summary()
                     ratios.setdefault(f"{a} / {b}", {})[s] = round(ra["tokens_per_s"] / rb["tokens_per_s"], 3)
+                    paired.setdefault(f"{a} / {b}", {})[s] = paired_ratio(cells[(a, s)], cells[(b, s)])
         # The text layer's cost: time per repetition with it over without it (same texts, same passes).
         text_cost = {
             s: round(100 * (cells[("engine-fp32-text", s)].summary()["total_s_median"]
@@ -697,6 +720,11 @@ def main(argv: list[str] | None = None) -> None:
         print(md)
         print()
         print(md_ratios)
+        if args.reps > 1 and paired:
+            print("\npaired tokens/s ratios (median of the repetitions' own ratios, min-max): each")
+            print("repetition times the systems back to back, so a machine whose speed drifts between")
+            print("repetitions moves both sides of a repetition's ratio alike\n")
+            print(paired_table(paired, settings))
         print("\ngreedy/beam output mismatches (sentences whose best hypothesis differs):")
         for s, d in agreement.items():
             print(f"  {s}: " + ", ".join(f"{k}: {v}" for k, v in d.items()))
@@ -792,6 +820,7 @@ def main(argv: list[str] | None = None) -> None:
                 },
                 "results": rows,
                 "ratios_tokens_per_s": ratios,
+                "paired_ratios_tokens_per_s": paired,
                 "mismatches": agreement,
                 "batch1_vs_batch32_differences": batch_variance,
                 "text_layer_cost_percent": text_cost,

@@ -169,11 +169,28 @@ def test_engine_speed_runs_on_the_shipped_sample_without_a_corpus(tiny: TinyBund
     assert cpu["model"] and isinstance(cpu["vector_extensions"], list) and cpu["logical_cpus"] >= 1
     assert {r["system"] for r in report["results"]} == {"engine-fp32", "engine-int8", "peer-fp32"}
     assert set(report["ratios_tokens_per_s"]["peer-fp32 / engine-fp32"]) == {"b1-greedy", "b32-beam4"}
+    paired = report["paired_ratios_tokens_per_s"]["peer-fp32 / engine-fp32"]
+    assert set(paired) == {"b1-greedy", "b32-beam4"}
+    assert all(p["min"] <= p["median"] <= p["max"] for p in paired.values())
     assert report["batch1_vs_batch32_differences"] == {} or all(
         v == 0 for v in report["batch1_vs_batch32_differences"].values()
     )
     printed = capsys.readouterr().out
     assert f"CPU: {cpu['model']}" in printed and "| engine-int8 | batch 32, beam 4 |" in printed
+
+
+def test_paired_ratios_cancel_a_machine_that_slows_down_between_repetitions():
+    """Each repetition times the systems back to back: when the whole machine runs 2x slower in the
+    second repetition, the ratio of medians drifts, the repetitions' own ratios do not."""
+    from bench.engine_speed import Cell, paired_ratio
+
+    a = Cell("engine-int8", "b1-greedy", totals=[1.0, 2.0, 1.1], tokens=1000)
+    b = Cell("ct2-int8", "b1-greedy", totals=[0.5, 1.0, 0.55], tokens=1000)
+    assert paired_ratio(a, b) == {"median": 0.5, "min": 0.5, "max": 0.5}
+    b.totals = [0.5, 1.0, 0.44]  # b was faster in the third repetition
+    assert paired_ratio(a, b) == {"median": 0.5, "min": 0.4, "max": 0.5}
+    b.tokens = 2000  # tokens/s, not seconds: twice the tokens in the same time is twice as fast
+    assert paired_ratio(a, b)["median"] == 0.25
 
 
 @pytest.mark.usefixtures("torch_single_thread")
