@@ -85,6 +85,7 @@ class TrainConfig:
     encoder_map: str = ENCODER_MAP  # how --init-from fills other layer counts (model/depth.py)
     decoder_map: str = DECODER_MAP
     bf16: bool = False  # bf16 autocast for the training steps (validation stays fp32)
+    bf16_native: bool = False  # bf16 only where it pays off: a GPU, or a CPU with AVX512-BF16 or AMX
 
 
 # --help lines of the TrainConfig fields whose names do not say it all.
@@ -109,6 +110,8 @@ OPTION_HELP = {
     "bf16": "bf16 autocast for the training forward and backward passes (weights, optimizer and "
     "validation stay fp32): 1.7x faster steps on a CPU with AVX512-BF16 or AMX, slower on one without "
     "(it is emulated there); model.gpu_train's default on CUDA",
+    "bf16_native": "--bf16 where it pays off (a GPU, or a CPU with AVX512-BF16 or AMX), fp32 elsewhere, "
+    "where emulated bf16 steps take about twice as long (make grow's default)",
     "norm_first": "pre-norm: x + Sublayer(LN(x)) and a final LayerNorm per stack (Xiong et al. 2020), "
     "for deep models, which post-norm fails to train; default post-norm, as the paper and the shipped "
     "models. An --init-from release or a --resume run keeps its own model's",
@@ -518,6 +521,10 @@ def main(argv: list[str] | None = None) -> None:
         if args.device == "auto"
         else args.device
     )
+    if cfg.bf16_native and not cfg.bf16:
+        cfg.bf16 = device.type != "cpu" or cpu_has_bf16()
+        chosen = "bf16" if cfg.bf16 else "fp32 (no native bf16 on this CPU)"
+        print(f"--bf16-native: {chosen}", file=sys.stderr)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     random.seed(cfg.seed)

@@ -143,6 +143,22 @@ def test_a_bf16_run_trains_in_bf16_and_resumes_exactly(tiny_data, tiny_model, tm
     assert any(not torch.equal(t, fp32["model"][n]) for n, t in once["model"].items())
 
 
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_native_trains_in_bf16_only_on_a_cpu_that_computes_it(
+    tiny_data, tiny_model, tmp_path, capsys, monkeypatch, native
+):
+    """--bf16-native (make grow's default): bf16 autocast where the CPU has AVX512-BF16 or AMX, fp32 where
+    bf16 would be emulated; the run records which."""
+    import model.train as train_module
+
+    monkeypatch.setattr(train_module, "cpu_has_bf16", lambda: native)
+    _run(tiny_data, tmp_path / "run", "--max-steps", "1", "--bf16-native", "--device", "cpu")
+    err = capsys.readouterr().err
+    assert ("--bf16-native: bf16" in err) == native and ("bf16 autocast" in err) == native
+    saved = torch.load(tmp_path / "run" / "last.pt", weights_only=False)["train_config"]
+    assert saved["bf16"] is native and saved["bf16_native"]
+
+
 def test_a_pre_norm_run_keeps_its_model_through_resume_init_from_and_average(
     tiny_data, tiny_model, tmp_path, capsys
 ):
