@@ -35,8 +35,10 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -345,12 +347,15 @@ def markdown_table(rows: list[dict], systems: list[str], settings: list[str]) ->
     return "\n".join(lines)
 
 
-def ratio_table(ratios: dict[str, dict[str, float]], settings: list[str]) -> str:
-    lines = ["| tokens/s ratio | " + " | ".join(settings) + " |", "|---|" + "---:|" * len(settings)]
+def ratio_table(
+    ratios: dict[str, dict[str, Any]],
+    settings: list[str],
+    head: str = "tokens/s ratio",
+    cell: Callable[[Any], str] = "{:.2f}".format,
+) -> str:
+    lines = [f"| {head} | " + " | ".join(settings) + " |", "|---|" + "---:|" * len(settings)]
     for key, per in ratios.items():
-        lines.append(
-            f"| {key} | " + " | ".join(f"{per[s]:.2f}" if s in per else "–" for s in settings) + " |"
-        )
+        lines.append(f"| {key} | " + " | ".join(cell(per[s]) if s in per else "–" for s in settings) + " |")
     return "\n".join(lines)
 
 
@@ -366,13 +371,8 @@ def paired_ratio(a: Cell, b: Cell) -> dict[str, float]:
     }
 
 
-def paired_table(paired: dict[str, dict[str, dict[str, float]]], settings: list[str]) -> str:
-    lines = ["| paired ratio | " + " | ".join(settings) + " |", "|---|" + "---:|" * len(settings)]
-    for key, per in paired.items():
-        cells = [f"{per[s]['median']:.2f} ({per[s]['min']:.2f}-{per[s]['max']:.2f})" if s in per else "–"
-                 for s in settings]  # fmt: skip
-        lines.append(f"| {key} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+def paired_cell(p: dict[str, float]) -> str:
+    return f"{p['median']:.2f} ({p['min']:.2f}-{p['max']:.2f})"
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -724,7 +724,7 @@ def main(argv: list[str] | None = None) -> None:
             print("\npaired tokens/s ratios (median of the repetitions' own ratios, min-max): each")
             print("repetition times the systems back to back, so a machine whose speed drifts between")
             print("repetitions moves both sides of a repetition's ratio alike\n")
-            print(paired_table(paired, settings))
+            print(ratio_table(paired, settings, "paired ratio", paired_cell))
         print("\ngreedy/beam output mismatches (sentences whose best hypothesis differs):")
         for s, d in agreement.items():
             print(f"  {s}: " + ", ".join(f"{k}: {v}" for k, v in d.items()))
