@@ -12,7 +12,7 @@ one resumes exactly. Prints the better of the last round's trainer pick and mean
 with `--against MODEL --choice FILE` it also writes that path to FILE only if it beats MODEL on valid
 (else an empty FILE): what `make grow` releases.
 The settings after `--` go to every round's model.train (the Makefile passes its TRAIN_SETTINGS and
---bf16); `--init-from`, `--cooldown`, `--resume` and the layer counts are the recipe's own.
+--bf16-native); `--init-from`, `--cooldown`, `--resume` and the layer counts are the recipe's own.
 """
 
 from __future__ import annotations
